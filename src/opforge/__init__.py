@@ -1,0 +1,3 @@
+"""opforge: verified, fused Triton operators for PyTorch accelerators."""
+
+__version__ = "0.1.0"
