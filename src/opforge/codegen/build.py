@@ -1,0 +1,50 @@
+"""From a request to generated kernel source: trace, plan both passes, emit the impl module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from opforge.codegen.emit import emit_module
+from opforge.codegen.plan import KernelPlan, plan_kernel, shape_exprs
+from opforge.codegen.trace import TracedOp, trace_request
+from opforge.request import Request
+
+
+@dataclass
+class Build:
+    traced: TracedOp
+    forward: KernelPlan
+    backward: KernelPlan | None
+    dims: dict  # shape symbol -> Python expression reading it from an input
+
+
+def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
+    traced = traced or trace_request(req)
+    fwd = plan_kernel("forward", traced.forward, traced.input_names,
+                      [(n, i) for i, n in enumerate(traced.output_names)], traced.output_like)
+    bwd = None
+    if traced.joint is not None:
+        n_out = len(traced.output_names)
+        grad_names = [f"grad_{g}" for g in traced.grad_inputs]
+        like = {g: g[len("grad_"):] for g in grad_names}
+        bwd = plan_kernel("backward", traced.joint,
+                          traced.input_names + [f"grad_{o}" for o in traced.output_names],
+                          [(g, n_out + k) for k, g in enumerate(grad_names)], like)
+    dims = {}
+    placeholders = [n for n in traced.forward.graph.nodes if n.op == "placeholder"]
+    for pname, node in zip(traced.input_names, placeholders):
+        for d, e in enumerate(shape_exprs(node.meta["val"])):
+            if isinstance(e, sympy.Symbol) and e not in dims:
+                dims[e] = f"{pname}.shape[{d}]"
+    return Build(traced, fwd, bwd, dims)
+
+
+def generate_impl(req: Request, build: Build) -> str:
+    t = build.traced
+    fixed = {a.name: a.default for a in req.attributes if a.type != "float"}
+    return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.input_names,
+                       grad_inputs=t.grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
+                       attr_defaults=req.attr_defaults, fixed_attrs=fixed, dims=build.dims,
+                       input_shapes={s.name: tuple(s.shape) for s in req.inputs})

@@ -1,0 +1,309 @@
+"""Triton source from kernel plans: the `<op>_impl.py` module of a workspace.
+
+The module is meant to be read: one kernel per pass, statements named after the traced graph's nodes with
+the ATen op each one lowers, masks and offsets explained where they are made, then the launch wrappers,
+the `torch.library` operator with its fake and autograd registrations, and one friendly function.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from opforge.codegen.plan import KernelPlan
+
+_IDENTITY = {"sum": "0.0", "max": "-float('inf')", "min": "float('inf')"}
+_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+_COMBINE = {"sum": "acc + p", "max": "tl.maximum(acc, p)", "min": "tl.minimum(acc, p)"}
+_FINISH = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+PREAMBLE = '''\
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _has_accelerator() -> bool:
+    npu = getattr(torch, "npu", None)
+    return torch.cuda.is_available() or bool(npu is not None and npu.is_available())
+
+
+if not _has_accelerator():  # no GPU: the kernels run in Triton's interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Elements per program. The interpreter runs programs one after another, so it wants few large blocks.
+BLOCK = 32768 if INTERPRET else {block}
+RBLOCK = 1024  # partial results summed per step when a reduction is finished in order
+NUM_WARPS = {num_warps}
+# No FMA contraction: a*b+c must round twice, as PyTorch does, for outputs to match it bit for bit.
+_LAUNCH = {{}} if INTERPRET else {{"num_warps": NUM_WARPS, "enable_fp_fusion": False}}
+
+
+@triton.jit
+def _round_half_even(x):
+    # torch.round: halves go to the even neighbour. Built from floor so that it is exact everywhere.
+    f = tl.floor(x)
+    frac = x - f  # exact: a float's fraction is representable
+    f_odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    r = tl.where((frac > 0.5) | ((frac == 0.5) & f_odd), f + 1.0, f)
+    return tl.where(r == 0.0, x * 0.0, r)  # keep the sign of zero: round(-0.4) is -0.0
+
+
+@triton.jit
+def _to_dtype(x, DTYPE: tl.constexpr):
+    # float32 -> DTYPE with round-to-nearest-even, as torch's .to(); bfloat16 is rounded on the bits
+    # because the interpreter's own bfloat16 cast truncates
+    x = x.to(tl.float32)
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = tl.where(x != x, 0x7FC00000, bits + (((bits >> 16) & 1) + 0x7FFF))  # NaN stays a quiet NaN
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DTYPE)
+'''
+
+_PARTIALS = '''
+
+@triton.jit
+def _{kind}_partials(ptr, stride, n, RBLOCK: tl.constexpr):
+    # program order, so the same inputs give the same bits on every run
+    acc = tl.full((RBLOCK,), {identity}, tl.float32)
+    for start in range(0, n, RBLOCK):
+        idx = start + tl.arange(0, RBLOCK)
+        p = tl.load(ptr + idx * stride, mask=idx < n, other={identity})
+        acc = {combine}
+    return {finish}(acc, axis=0)
+'''
+
+
+def _py_shape(shape: list, dims: dict) -> str:
+    parts = []
+    for d in shape:
+        if isinstance(d, int):
+            parts.append(str(d))
+        else:
+            expr = sympy.sympify(d)
+            parts.append(str(expr.subs({s: sympy.Symbol(dims[s]) for s in expr.free_symbols})))
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def kernel_name(op: str, plan: KernelPlan) -> str:
+    return f"_{op}_{plan.name}_kernel"
+
+
+def emit_kernel(op: str, plan: KernelPlan) -> str:
+    ins = [f"{a.name}_ptr" for a in plan.inputs]
+    outs = [f"{o.name}_ptr" for o in plan.outputs]
+    red = bool(plan.reductions)
+    params = ins + outs + (["acc_ptr", "partials_ptr", "ticket_ptr"] if red else []) + ["n_elements"]
+    params += plan.attrs + ["BLOCK: tl.constexpr"]
+    if red:
+        params += ["RBLOCK: tl.constexpr", "DETERMINISTIC: tl.constexpr"]
+    lines = ["@triton.jit", f"def {kernel_name(op, plan)}(", *[f"    {p}," for p in params], "):"]
+    reads = ", ".join(a.name for a in plan.inputs)
+    writes = ", ".join(o.name for o in plan.outputs)
+    lines.append(f'    """{plan.name}: reads {reads} once, writes {writes} once."""')
+    b = lines.append
+    b("    pid = tl.program_id(0)")
+    b("    # int64 offsets: tensors past 2**31 elements must not wrap")
+    b("    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
+    b("    mask = offs < n_elements  # the last block runs past the end")
+    for a in plan.inputs:
+        if a.full:
+            b(f"    {a.name} = tl.load({a.name}_ptr + offs, mask=mask, other=0.0).to(tl.float32)")
+        else:
+            b(f"    {a.name} = tl.load({a.name}_ptr).to(tl.float32)  # one value for the whole tensor")
+    for s in plan.body:
+        b(f"    {s.target} = {s.expr}  # {s.comment}")
+    for o in plan.outputs:
+        if o.in_epilogue:
+            continue
+        if o.full:
+            val = o.value if o.block else f"{o.value} + tl.zeros((BLOCK,), tl.float32)"
+            b(f"    tl.store({o.name}_ptr + offs, _to_dtype({val}, {o.name}_ptr.dtype.element_ty), mask=mask)")
+        else:
+            b("    if pid == 0:")
+            b(f"        tl.store({o.name}_ptr, _to_dtype({o.value}, {o.name}_ptr.dtype.element_ty))")
+    if red:
+        n = len(plan.reductions)
+        b("    # Across blocks: atomics into acc, or (DETERMINISTIC) one partial per program summed in order.")
+        b("    if DETERMINISTIC:")
+        for r in plan.reductions:
+            b(f"        tl.store(partials_ptr + pid * {n} + {r.slot}, {r.name}_part)")
+        b("    else:")
+        for r in plan.reductions:
+            kind = "sum" if r.kind == "mean" else r.kind
+            b(f"        {_ATOMIC[kind]}(acc_ptr + {r.slot}, {r.name}_part)")
+        b("    # acq_rel ticket: the last program to take one sees every other program's result")
+        b("    ticket = tl.atomic_add(ticket_ptr, 1)")
+        b("    if ticket == tl.num_programs(0) - 1:")
+        b("        if DETERMINISTIC:")
+        for r in plan.reductions:
+            kind = "sum" if r.kind == "mean" else r.kind
+            b(f"            {r.name} = _{kind}_partials(partials_ptr + {r.slot}, {n}, tl.num_programs(0), RBLOCK)")
+        b("        else:")
+        for r in plan.reductions:
+            kind = "sum" if r.kind == "mean" else r.kind
+            b(f"            {r.name} = {_ATOMIC[kind]}(acc_ptr + {r.slot}, {_IDENTITY[kind]})  # atomic read")
+        for r in plan.reductions:
+            if r.kind == "mean":
+                b(f"        {r.name} = tl.div_rn({r.name}, n_elements.to(tl.float32))")
+        for s in plan.epilogue:
+            b(f"        {s.target} = {s.expr}  # {s.comment}")
+        for o in plan.outputs:
+            if o.in_epilogue:
+                b(f"        tl.store({o.name}_ptr, _to_dtype({o.value}, {o.name}_ptr.dtype.element_ty))")
+    return "\n".join(lines) + "\n"
+
+
+def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_args: list[str],
+                  runtime_attrs: list[str]) -> str:
+    """A Python function that allocates outputs and launches the kernel; torch does no math here.
+
+    It takes every tensor and run-time attribute of the operator (so both passes share one signature) and
+    returns a tuple of the kernel's outputs.
+    """
+    full = [a for a in plan.inputs if a.full]
+    sig = ", ".join(tensor_args + list(runtime_attrs) + ["deterministic: bool = False"])
+    out = [f"def {fn_name}({sig}):"]
+    b = out.append
+    used = [a.name for a in plan.inputs]
+    b(f"    {', '.join(used)}{',' if len(used) == 1 else ''} = "
+      f"{', '.join(f'{u}.contiguous()' for u in used)}{',' if len(used) == 1 else ''}")
+    ref = full[0].name if full else used[0]
+    b(f"    n_elements = {ref}.numel()")
+    for a in plan.inputs:
+        want = "n_elements" if a.full else "1"
+        b(f"    _expect_numel({a.name!r}, {a.name}, {want})")
+    dev = f"{ref}.device"
+    for o in plan.outputs:
+        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
+    b("    grid = (max(1, triton.cdiv(n_elements, BLOCK)),)")
+    args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
+    extra = ""
+    if plan.reductions:
+        kinds = [("sum" if r.kind == "mean" else r.kind) for r in plan.reductions]
+        init = ", ".join(_IDENTITY[k] for k in kinds)
+        b(f"    acc = torch.tensor([{init}], dtype=torch.float32, device={dev})")
+        b(f"    partials = torch.empty(grid[0] * {len(kinds)} if deterministic else 1, dtype=torch.float32, "
+          f"device={dev})")
+        b(f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})")
+        args += ["acc", "partials", "ticket"]
+        extra = ", RBLOCK=RBLOCK, DETERMINISTIC=deterministic"
+    args += ["n_elements"] + plan.attrs
+    b(f"    {kernel_name(op, plan)}[grid]({', '.join(args)}, BLOCK=BLOCK{extra}, **_LAUNCH)")
+    b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")
+    return "\n".join(out) + "\n"
+
+
+def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | None, *, inputs: list[str],
+                grad_inputs: list[str], output_names: list[str], runtime_attrs: list[str],
+                attr_defaults: dict, fixed_attrs: dict, dims: dict, input_shapes: dict,
+                block: int = 1024, num_warps: int = 4) -> str:
+    """The whole impl module. `dims` maps shape symbols to Python expressions like 'weight.shape[0]'."""
+    parts = [f'"""{op}: fused Triton kernels, launch wrappers and the torch.library operator.\n\n'
+             f"{description}.\n"
+             f"Forward: one kernel. Backward: {'one kernel' if bwd else 'none (backward: false)'}.\n"
+             f"Generated by opforge's deterministic engine; it imports no golden.\n"
+             '"""\n']
+    parts.append(PREAMBLE.format(block=block, num_warps=num_warps))
+    kinds = set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else [])
+    for k in sorted(kinds):
+        parts.append(_PARTIALS.format(kind=k, identity=_IDENTITY[k], combine=_COMBINE[k], finish=_FINISH[k]))
+    parts.append('''
+
+def _expect_numel(name: str, t: torch.Tensor, n: int) -> None:
+    if t.numel() != n:
+        raise ValueError(f"{name}: expected {n} elements for this operator, got shape {tuple(t.shape)}")
+
+''')
+    parts.append("\n" + emit_kernel(op, fwd) + "\n")
+    if bwd:
+        parts.append("\n" + emit_kernel(op, bwd) + "\n")
+
+    attr_sig = ", ".join(f"{a}: float" for a in runtime_attrs)
+    tensor_sig = ", ".join(f"{t}: torch.Tensor" for t in inputs)
+    grad_names = [f"grad_{o}" for o in output_names]
+
+    # launchers take every runtime attribute so that the op's signature is the same for both passes
+    parts.append("\n" + emit_launcher(op, fwd, dims, f"{op}_forward", inputs, runtime_attrs) + "\n")
+    if bwd:
+        parts.append("\n" + emit_launcher(op, bwd, dims, f"{op}_backward", inputs + grad_names,
+                                           runtime_attrs) + "\n")
+
+    n_out = len(output_names)
+    ret_t = "torch.Tensor" if n_out == 1 else f"tuple[{', '.join(['torch.Tensor'] * n_out)}]"
+    ref = inputs[0]
+    fake_outs = []
+    for o in fwd.outputs:
+        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        fake_outs.append(f"torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={ref}.device)")
+    fake_ret = fake_outs[0] if n_out == 1 else "(" + ", ".join(fake_outs) + ")"
+    call_attrs = "".join(f", {a}" for a in runtime_attrs)
+    parts.append(f'''
+
+@torch.library.custom_op("opforge::{op}", mutates_args=())
+def _{op}_op({tensor_sig}{', ' + attr_sig if attr_sig else ''}, deterministic: bool) -> {ret_t}:
+    outs = {op}_forward({', '.join(inputs)}{call_attrs})
+    return {'outs[0]' if n_out == 1 else 'outs'}
+
+
+@_{op}_op.register_fake
+def _({', '.join(inputs)}{call_attrs}, deterministic):
+    return {fake_ret}
+''')
+    if bwd:
+        g_ret = "tuple[" + ", ".join(["torch.Tensor"] * len(grad_inputs)) + "]"
+        g_sig = ", ".join(f"{g}: torch.Tensor" for g in grad_names)
+        fake_g = ", ".join(f"torch.empty_like({g})" for g in grad_inputs)
+        parts.append(f'''
+
+@torch.library.custom_op("opforge::{op}_backward", mutates_args=())
+def _{op}_backward_op({tensor_sig}, {g_sig}{', ' + attr_sig if attr_sig else ''}, deterministic: bool) -> {g_ret}:
+    return tuple({op}_backward({', '.join(inputs + grad_names)}{call_attrs}, deterministic=deterministic))
+
+
+@_{op}_backward_op.register_fake
+def _({', '.join(inputs + grad_names)}{call_attrs}, deterministic):
+    return ({fake_g},)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, = inputs[:{len(inputs)}]
+    ctx.save_for_backward(*tensors)
+    ctx.attrs = inputs[{len(inputs)}:{len(inputs) + len(runtime_attrs)}]
+    ctx.deterministic = inputs[-1]
+
+
+def _backward(ctx, {', '.join(grad_names)}):
+    grads = iter(_{op}_backward_op(*ctx.saved_tensors, {', '.join(grad_names)}, *ctx.attrs,
+                                   ctx.deterministic))
+    wanted = {tuple(grad_inputs)!r}
+    names = {tuple(inputs)!r}
+    return (*(next(grads) if n in wanted else None for n in names), *([None] * {len(runtime_attrs) + 1}))
+
+
+_{op}_op.register_autograd(_backward, setup_context=_setup_context)
+''')
+    kw_sig = ", ".join(f"{a}: float = {attr_defaults[a]!r}" for a in runtime_attrs)
+    fixed_sig = "".join(f", {a}={v!r}" for a, v in fixed_attrs.items())
+    fixed_check = "".join(
+        f"    if {a} != {v!r}:\n        raise ValueError(\"{a}: this build is specialised to {a}={v!r}\")\n"
+        for a, v in fixed_attrs.items())
+    parts.append(f'''
+
+def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = False):
+    """{description}.
+
+    Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}. Float attributes are run-time
+    arguments. deterministic=True makes reductions bit-reproducible run to run (ordered partials).
+    """
+{fixed_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)}, bool(deterministic))
+''')
+    return "".join(parts)

@@ -1,0 +1,167 @@
+"""ATen operators the deterministic engine lowers to Triton, as data.
+
+Each rule says what kind of node an overload is (pointwise, reduction, view, constant), the Triton
+expression it becomes, and whether that expression is bit-exact with PyTorch's float32 CPU kernel (IEEE
++ - * / with round-to-nearest, comparisons, selects, rounding, clamps). Outputs computed only from exact
+ops are compared exactly against the float32 golden; the others within tolerance against float64.
+An overload not in this table is refused in stage 2 by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+POINTWISE, REDUCTION, VIEW, CONSTANT = "pointwise", "reduction", "view", "constant"
+
+
+@dataclass(frozen=True)
+class OpRule:
+    kind: str
+    emit: Callable[..., str] | None  # (args..., **kwargs) of already-rendered operands -> expression
+    exact: bool
+    primitive: str  # the Triton primitive(s), for the API report
+
+
+def _bin(sym):
+    return lambda a, b, alpha=None, **_: f"{a} {sym} {b}" if alpha in (None, 1, 1.0) else f"{a} {sym} {b} * {alpha}"
+
+
+def _clamp(a, lo=None, hi=None, **_):
+    # torch.clamp propagates NaN; Triton's minimum/maximum would drop it
+    expr = a
+    if lo is not None:
+        expr = f"tl.maximum({expr}, {lo})"
+    if hi is not None:
+        expr = f"tl.minimum({expr}, {hi})"
+    return f"tl.where({a} != {a}, {a}, {expr})"
+
+
+def _nan_max(a, b, **_):
+    return f"tl.where(({a} != {a}) | ({b} != {b}), {a} + {b}, tl.maximum({a}, {b}))"
+
+
+def _nan_min(a, b, **_):
+    return f"tl.where(({a} != {a}) | ({b} != {b}), {a} + {b}, tl.minimum({a}, {b}))"
+
+
+def _pow(a, e, **_):
+    if e == 2 or e == 2.0:
+        return f"{a} * {a}"
+    if e == 0.5:
+        return f"tl.sqrt_rn({a})"
+    if e == -1 or e == -1.0:
+        return f"tl.div_rn(1.0, {a})"
+    return f"tl.exp2(tl.log2({a}) * {e})"
+
+
+def _cast(a, dtype=None, **_):
+    # compute stays float32: a cast to a narrower float is a rounding step, to float32 is a no-op
+    narrow = {"torch.bfloat16": "tl.bfloat16", "torch.float16": "tl.float16"}.get(str(dtype))
+    if narrow:
+        return f"_to_dtype({a}, {narrow}).to(tl.float32)"
+    if str(dtype) == "torch.bool":
+        return f"({a} != 0)"
+    return a
+
+
+def _cmp(sym):
+    return lambda a, b, **_: f"{a} {sym} {b}"
+
+
+_P = POINTWISE
+OP_TABLE: dict[str, OpRule] = {
+    # arithmetic
+    "aten.add.Tensor": OpRule(_P, _bin("+"), True, "+"),
+    "aten.add.Scalar": OpRule(_P, _bin("+"), True, "+"),
+    "aten.sub.Tensor": OpRule(_P, _bin("-"), True, "-"),
+    "aten.sub.Scalar": OpRule(_P, _bin("-"), True, "-"),
+    "aten.rsub.Scalar": OpRule(_P, lambda a, b, **_: f"{b} - {a}", True, "-"),
+    "aten.mul.Tensor": OpRule(_P, _bin("*"), True, "*"),
+    "aten.mul.Scalar": OpRule(_P, _bin("*"), True, "*"),
+    "aten.div.Tensor": OpRule(_P, lambda a, b, **_: f"tl.div_rn({a}, {b})", True, "tl.div_rn"),
+    "aten.div.Scalar": OpRule(_P, lambda a, b, **_: f"tl.div_rn({a}, {b})", True, "tl.div_rn"),
+    "aten.neg.default": OpRule(_P, lambda a, **_: f"-{a}", True, "-"),
+    "aten.abs.default": OpRule(_P, lambda a, **_: f"tl.abs({a})", True, "tl.abs"),
+    "aten.reciprocal.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, {a})", True, "tl.div_rn"),
+    "aten.pow.Tensor_Scalar": OpRule(_P, _pow, False, "*, tl.sqrt_rn, tl.exp2/log2"),
+    "aten.sqrt.default": OpRule(_P, lambda a, **_: f"tl.sqrt_rn({a})", True, "tl.sqrt_rn"),
+    "aten.rsqrt.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, tl.sqrt_rn({a}))", False, "tl.sqrt_rn"),
+    "aten.exp.default": OpRule(_P, lambda a, **_: f"tl.exp({a})", False, "tl.exp"),
+    "aten.log.default": OpRule(_P, lambda a, **_: f"tl.log({a})", False, "tl.log"),
+    "aten.tanh.default": OpRule(
+        _P, lambda a, **_: f"(1.0 - tl.div_rn(2.0, tl.exp(2.0 * {a}) + 1.0))", False, "tl.exp"),
+    "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, 1.0 + tl.exp(-{a}))", False, "tl.exp"),
+    # rounding
+    "aten.round.default": OpRule(_P, lambda a, **_: f"_round_half_even({a})", True, "tl.floor, tl.where"),
+    "aten.floor.default": OpRule(_P, lambda a, **_: f"tl.floor({a})", True, "tl.floor"),
+    "aten.ceil.default": OpRule(_P, lambda a, **_: f"tl.ceil({a})", True, "tl.ceil"),
+    "aten.sign.default": OpRule(
+        _P, lambda a, **_: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a}))", True, "tl.where"),
+    # clamps and selects
+    "aten.clamp.default": OpRule(_P, _clamp, True, "tl.maximum, tl.minimum, tl.where"),
+    "aten.clamp_min.default": OpRule(_P, lambda a, lo, **_: _clamp(a, lo), True, "tl.maximum, tl.where"),
+    "aten.clamp_max.default": OpRule(_P, lambda a, hi, **_: _clamp(a, None, hi), True, "tl.minimum, tl.where"),
+    "aten.maximum.default": OpRule(_P, _nan_max, True, "tl.maximum, tl.where"),
+    "aten.minimum.default": OpRule(_P, _nan_min, True, "tl.minimum, tl.where"),
+    "aten.where.self": OpRule(_P, lambda c, a, b, **_: f"tl.where({c}, {a}, {b})", True, "tl.where"),
+    # comparisons and logic (int1 in registers)
+    "aten.gt.Scalar": OpRule(_P, _cmp(">"), True, ">"),
+    "aten.gt.Tensor": OpRule(_P, _cmp(">"), True, ">"),
+    "aten.ge.Scalar": OpRule(_P, _cmp(">="), True, ">="),
+    "aten.ge.Tensor": OpRule(_P, _cmp(">="), True, ">="),
+    "aten.lt.Scalar": OpRule(_P, _cmp("<"), True, "<"),
+    "aten.lt.Tensor": OpRule(_P, _cmp("<"), True, "<"),
+    "aten.le.Scalar": OpRule(_P, _cmp("<="), True, "<="),
+    "aten.le.Tensor": OpRule(_P, _cmp("<="), True, "<="),
+    "aten.eq.Scalar": OpRule(_P, _cmp("=="), True, "=="),
+    "aten.eq.Tensor": OpRule(_P, _cmp("=="), True, "=="),
+    "aten.ne.Scalar": OpRule(_P, _cmp("!="), True, "!="),
+    "aten.ne.Tensor": OpRule(_P, _cmp("!="), True, "!="),
+    "aten.logical_and.default": OpRule(_P, lambda a, b, **_: f"({a}) & ({b})", True, "&"),
+    "aten.logical_and_.default": OpRule(_P, lambda a, b, **_: f"({a}) & ({b})", True, "&"),
+    "aten.logical_or.default": OpRule(_P, lambda a, b, **_: f"({a}) | ({b})", True, "|"),
+    "aten.logical_or_.default": OpRule(_P, lambda a, b, **_: f"({a}) | ({b})", True, "|"),
+    "aten.logical_not.default": OpRule(_P, lambda a, **_: f"({a}) == 0", True, "=="),
+    "aten._to_copy.default": OpRule(_P, _cast, True, ".to"),
+    # constants
+    "aten.full_like.default": OpRule(CONSTANT, lambda a, v, **_: f"{v}", True, "literal"),
+    "aten.scalar_tensor.default": OpRule(CONSTANT, lambda v, **_: f"{v}", True, "literal"),
+    "aten.zeros_like.default": OpRule(CONSTANT, lambda a, **_: "0.0", True, "literal"),
+    "aten.ones_like.default": OpRule(CONSTANT, lambda a, **_: "1.0", True, "literal"),
+    "aten.full.default": OpRule(CONSTANT, lambda shape, v, **_: f"{v}", True, "literal"),
+    # views keep the flat element order, so they are free in registers
+    "aten.detach.default": OpRule(VIEW, None, True, "(none)"),
+    "aten.alias.default": OpRule(VIEW, None, True, "(none)"),
+    "aten.clone.default": OpRule(VIEW, None, True, "(none)"),
+    "aten.view.default": OpRule(VIEW, None, True, "(none)"),
+    "aten.reshape.default": OpRule(VIEW, None, True, "(none)"),
+    "aten._unsafe_view.default": OpRule(VIEW, None, True, "(none)"),
+    "aten.expand.default": OpRule(VIEW, None, True, "broadcast"),
+    "aten.unsqueeze.default": OpRule(VIEW, None, True, "(none)"),
+    "aten.squeeze.dim": OpRule(VIEW, None, True, "(none)"),
+    "aten.squeeze.dims": OpRule(VIEW, None, True, "(none)"),
+    "aten.squeeze.default": OpRule(VIEW, None, True, "(none)"),
+    # reductions (a block-local tl.sum/max/min, then across blocks: atomics or ordered partials)
+    "aten.sum.dim_IntList": OpRule(REDUCTION, None, False, "tl.sum + atomic_add | ordered partials"),
+    "aten.sum.default": OpRule(REDUCTION, None, False, "tl.sum + atomic_add | ordered partials"),
+    "aten.mean.dim": OpRule(REDUCTION, None, False, "tl.sum, tl.div_rn"),
+    "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, tl.div_rn"),
+    "aten.amax.default": OpRule(REDUCTION, None, True, "tl.max + atomic_max | ordered partials"),
+    "aten.amin.default": OpRule(REDUCTION, None, True, "tl.min + atomic_min | ordered partials"),
+}
+
+REDUCE_KIND = {
+    "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.mean.dim": "mean",
+    "aten.mean.default": "mean", "aten.amax.default": "max", "aten.amin.default": "min",
+}
+
+
+def op_name(target) -> str:
+    """'aten.add.Tensor' for torch.ops.aten.add.Tensor."""
+    return str(target)
+
+
+def supported_table() -> list[dict]:
+    """The supported op set, for the docs and the API report."""
+    return [{"op": k, "kind": r.kind, "triton": r.primitive, "exact": r.exact} for k, r in sorted(OP_TABLE.items())]

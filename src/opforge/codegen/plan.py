@@ -1,0 +1,244 @@
+"""Fusion planning: from an ATen graph to the statements of one flat Triton kernel.
+
+The flat kernel walks the operator's largest tensor as a 1-D range of `n_elements` in blocks. Every value is
+either *full* (one element per position of that range) or *scalar* (one element for the whole tensor,
+e.g. a (1, 1) scale). Pointwise work on full and scalar values fuses into the block body; a full
+reduction (sum/mean/max/min over every element) is reduced inside the block and then across blocks, and
+the scalar work that follows it runs once, in the last program to finish (the epilogue). A full value
+that needs a finished reduction would need a second pass over the data; this planner refuses it by name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from opforge.codegen.ops import CONSTANT, OP_TABLE, POINTWISE, REDUCE_KIND, REDUCTION, VIEW, op_name
+from opforge.codegen.trace import AttrRef
+
+
+class Unsupported(Exception):
+    """The graph holds ops or patterns the deterministic engine cannot lower; `ops` names them."""
+
+    def __init__(self, ops: list[str], why: str):
+        self.ops = ops
+        self.why = why
+        super().__init__(f"{why}: {', '.join(ops)}" if ops else why)
+
+
+@dataclass
+class Stmt:
+    target: str
+    expr: str
+    comment: str
+
+
+@dataclass
+class Reduction:
+    name: str  # variable holding the finished value in the epilogue
+    kind: str  # sum | mean | max | min
+    source: str  # full value reduced
+    slot: int
+
+
+@dataclass
+class TensorArg:
+    name: str  # kernel parameter is f"{name}_ptr"
+    full: bool
+    placeholder: int  # position in the graph's placeholders
+
+
+@dataclass
+class OutArg:
+    name: str
+    value: str
+    full: bool
+    in_epilogue: bool
+    shape: list  # sympy exprs or ints
+    like: str | None  # input whose dtype the output takes
+    exact: bool  # bit-exact against the float32 golden
+    block: bool  # the register value is a block (False: a scalar broadcast at the store)
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    inputs: list[TensorArg]
+    outputs: list[OutArg]
+    attrs: list[str]
+    body: list[Stmt]
+    reductions: list[Reduction]
+    epilogue: list[Stmt]
+    op_counts: Counter = field(default_factory=Counter)
+    eager_kernels: int = 0
+
+    @property
+    def reduce_kinds(self) -> list[str]:
+        return sorted({"sum" if r.kind == "mean" else r.kind for r in self.reductions})
+
+
+def _numel(val) -> sympy.Expr:
+    n = sympy.Integer(1)
+    for d in val.shape:
+        n = n * (d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(int(d)))
+    return sympy.simplify(n)
+
+
+def shape_exprs(val) -> list:
+    return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in val.shape]
+
+
+def _literal(v) -> str:
+    if isinstance(v, AttrRef):
+        return v.name
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        if v != v:
+            return "float('nan')"
+        if v in (float("inf"), float("-inf")):
+            return "float('inf')" if v > 0 else "-float('inf')"
+        return repr(v)
+    if isinstance(v, int):
+        return f"{v}.0"
+    return repr(v)
+
+
+def unsupported_ops(graph: torch.fx.Graph) -> list[str]:
+    names = []
+    for n in graph.nodes:
+        if n.op == "call_function" and op_name(n.target) not in OP_TABLE and op_name(n.target) not in names:
+            names.append(op_name(n.target))
+    return names
+
+
+def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], outputs: list[tuple[str, int]],
+                output_like: dict[str, str | None]) -> KernelPlan:
+    """Plan the kernel computing `outputs` (name, index into the graph's output tuple) of `gm`.
+
+    Placeholders are matched to `input_names` by position (inputs first, then upstream gradients).
+    """
+    graph = gm.graph
+    bad = unsupported_ops(graph)
+    if bad:
+        raise Unsupported(bad, "no Triton lowering for")
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    results = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
+    wanted = [results[i] for _, i in outputs]
+
+    numels = {p: _numel(p.meta["val"]) for p in placeholders}
+    domain = max(numels.values(), key=lambda e: float(e.subs({s: 97 for s in e.free_symbols})))
+
+    def is_full(node) -> bool:
+        n = _numel(node.meta["val"])
+        if sympy.simplify(n - domain) == 0:
+            return True
+        if n == 1:
+            return False
+        raise Unsupported([op_name(node.target) if node.op == "call_function" else node.name],
+                          f"value {node.name} of shape {list(node.meta['val'].shape)} is neither the full "
+                          f"tensor nor a scalar (row/column broadcasts need the row kernel)")
+
+    # the nodes the wanted outputs depend on, in graph order
+    needed: set = set()
+    stack = [w for w in wanted if isinstance(w, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        stack.extend(a for a in n.all_input_nodes)
+
+    var: dict = {}  # node -> variable name (views alias their source)
+    full: dict = {}  # node -> whether the register value is a block (True) or a scalar
+    after_reduce: dict = {}  # node -> depends on a finished reduction
+    exact: dict = {}
+    body, epilogue, reductions = [], [], []
+    attrs: list[str] = []
+    inputs: list[TensorArg] = []
+    counts: Counter = Counter()
+    eager = 0
+
+    def render(a):
+        if isinstance(a, torch.fx.Node):
+            return var[a]
+        if isinstance(a, AttrRef) and a.name not in attrs:
+            attrs.append(a.name)
+        if isinstance(a, (list, tuple)):
+            return a
+        return _literal(a)
+
+    for node in graph.nodes:
+        if node not in needed:
+            continue
+        if node.op == "placeholder":
+            i = placeholders.index(node)
+            pname = input_names[i]
+            f = is_full(node)
+            inputs.append(TensorArg(pname, f, i))
+            var[node], full[node], after_reduce[node], exact[node] = pname, f, False, True
+            continue
+        if node.op != "call_function":
+            continue
+        key = op_name(node.target)
+        rule = OP_TABLE[key]
+        counts[key] += 1
+        srcs = node.all_input_nodes
+        dep_red = any(after_reduce[s] for s in srcs)
+        exact[node] = rule.exact and all(exact[s] for s in srcs)
+        if rule.kind == VIEW:
+            src = node.args[0]
+            var[node], full[node], after_reduce[node] = var[src], full[src], after_reduce[src]
+            continue
+        eager += 1
+        target = node.name
+        if rule.kind == REDUCTION:
+            src = node.args[0]
+            if is_full(node) or not is_full(src):
+                raise Unsupported([key], f"{node.name} reduces only some dimensions (row reductions need the "
+                                         "row kernel)")
+            if after_reduce[src]:
+                raise Unsupported([key], f"{node.name} reduces a value that itself needs a finished reduction "
+                                         "(two passes over the data)")
+            kind = REDUCE_KIND[key]
+            slot = len(reductions)
+            part = f"{target}_part"
+            identity = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}[kind]
+            reducer = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
+            body.append(Stmt(part, f"{reducer}(tl.where(mask, {var[src]}, {identity}), axis=0)",
+                             f"{key}: this block's share"))
+            reductions.append(Reduction(target, kind, var[src], slot))
+            var[node], full[node], after_reduce[node] = target, False, True
+            continue
+        args = [render(a) for a in node.args]
+        kwargs = {k: render(v) for k, v in node.kwargs.items() if k not in ("pin_memory", "layout", "device",
+                                                                          "memory_format")}
+        if key == "aten._to_copy.default":
+            kwargs["dtype"] = str(node.kwargs.get("dtype"))
+        kwargs.pop("dtype", None) if rule.kind == CONSTANT else None
+        expr = rule.emit(*args, **kwargs)
+        node_full = is_full(node)
+        block = rule.kind != CONSTANT and any(full[s] for s in srcs)
+        if dep_red and node_full:
+            raise Unsupported([key], f"{node.name} is a full-size value that needs a finished reduction "
+                                     "(a second pass over the data)")
+        stmt = Stmt(target, expr, key)
+        (epilogue if dep_red else body).append(stmt)
+        var[node], full[node], after_reduce[node] = target, block, dep_red
+
+    outs: list[OutArg] = []
+    for (oname, _), node in zip(outputs, wanted):
+        if not isinstance(node, torch.fx.Node):
+            raise Unsupported([], f"output {oname} is a constant, not computed from the inputs")
+        if node.op == "placeholder":
+            raise Unsupported([], f"output {oname} returns an input unchanged (it would alias it)")
+        o_full = is_full(node)
+        if after_reduce[node] and o_full:
+            raise Unsupported([], f"output {oname} is full-size but needs a finished reduction")
+        outs.append(OutArg(oname, var[node], o_full, after_reduce[node], shape_exprs(node.meta["val"]),
+                           output_like.get(oname), exact[node], full[node]))
+    return KernelPlan(name, inputs, outs, attrs, body, reductions, epilogue, counts, eager)

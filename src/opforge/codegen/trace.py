@@ -1,0 +1,189 @@
+"""Trace a request's reference into ATen graphs: the forward, and the joint forward+backward.
+
+Both graphs are traced with symbolic shapes (`make_fx(tracing_mode="symbolic")`) in float32, the compute
+dtype of every generated kernel. Float attributes become run-time kernel arguments: the reference is traced
+twice, once with the defaults and once with perturbed values, and every constant that moved is bound to
+the attribute that moved it. A constant that moved without matching an attribute was computed in Python
+from one, which a kernel cannot follow; that is refused with the attribute named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from opforge.errors import InputError
+from opforge.request import Request
+
+# distinct sizes > 1 so that no symbol is specialised to 0 or 1 and no two symbols collide
+_EXAMPLE_SIZES = (5, 7, 11, 13, 17, 19, 23)
+
+
+class TraceError(InputError):
+    """The reference cannot be traced: it raises, returns no tensors, or branches on data."""
+
+
+@dataclass
+class AttrRef:
+    """A graph constant that is really the value of a float attribute."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass
+class TracedOp:
+    forward: torch.fx.GraphModule
+    joint: torch.fx.GraphModule | None
+    input_names: list[str]
+    output_names: list[str]
+    grad_inputs: list[str]  # inputs that receive a gradient, in order
+    output_like: dict[str, str | None]  # output -> input whose dtype it takes (None: fixed float32)
+    runtime_attrs: list[str]  # float attributes passed to kernels at run time
+    example_binding: dict[str, int] = field(default_factory=dict)
+
+
+def example_binding(req: Request) -> dict[str, int]:
+    return {sym: _EXAMPLE_SIZES[i % len(_EXAMPLE_SIZES)] for i, sym in enumerate(req.symbols)}
+
+
+def example_inputs(req: Request, binding: dict[str, int], dtype=torch.float32, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for spec in req.inputs:
+        t = torch.randn(req.input_shape(spec, binding), generator=gen, dtype=torch.float64)
+        # strictly positive values keep references with logs, roots or scales well defined while tracing
+        t = t.abs() + 0.5 if spec.shape and all(d == 1 for d in spec.shape) else t
+        tensors.append(t.to(dtype=dtype, device=device))
+    return tensors
+
+
+def _outputs_tuple(result, where: str) -> tuple[torch.Tensor, ...]:
+    outs = result if isinstance(result, (tuple, list)) else (result,)
+    if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise TraceError(where, "the reference must return a tensor or a tuple of tensors")
+    return tuple(outs)
+
+
+def _perturb(value: float) -> float:
+    return value * 1.3125 + 0.171875 if value != 0 else 0.171875
+
+
+def run_reference(req: Request, fn, tensors, attrs):
+    """Call the reference; any exception it raises is the user's problem, reported in one line."""
+    where = f"{req.reference_file}:{req.reference_func}"
+    try:
+        return _outputs_tuple(fn(*tensors, **attrs), where)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise TraceError(where, f"the reference raised {type(exc).__name__}: {exc}") from None
+
+
+def _make_fx(req: Request, f, args):
+    where = f"{req.reference_file}:{req.reference_func}"
+    try:
+        return make_fx(f, tracing_mode="symbolic")(*args)
+    except InputError:
+        raise
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if "data-dependent" in msg or "GuardOnDataDependent" in type(exc).__name__:
+            msg = "it branches on tensor values (data-dependent control flow cannot be fused)"
+        raise TraceError(where, f"tracing the reference failed: {type(exc).__name__}: {msg}") from None
+
+
+def _trace_pair(req: Request, fn, tensors, grads: bool):
+    """Trace with default and with perturbed float attributes; returns both graphs."""
+    names = [s.name for s in req.inputs]
+    grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
+
+    def build(attrs):
+        if not grads:
+            return lambda *ts: run_reference(req, fn, ts, attrs)
+
+        def joint(*args):
+            ts = [t.detach().requires_grad_(i in grad_idx) for i, t in enumerate(args[:len(names)])]
+            outs = run_reference(req, fn, ts, attrs)
+            g_outs = args[len(names):]
+            grads_ = torch.autograd.grad(outs, [ts[i] for i in grad_idx], g_outs, allow_unused=True)
+            grads_ = [torch.zeros_like(ts[i]) if g is None else g for i, g in zip(grad_idx, grads_)]
+            return (*outs, *grads_)
+        return joint
+
+    defaults = req.attr_defaults
+    moved = {a.name: (_perturb(a.default) if a.type == "float" else a.default) for a in req.attributes}
+    args = list(tensors)
+    if grads:
+        outs = run_reference(req, fn, tensors, defaults)
+        args += [torch.randn_like(o) for o in outs]
+    g_a = _make_fx(req, build(defaults), args)
+    g_b = _make_fx(req, build(moved), args)
+    return g_a, g_b
+
+
+def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.GraphModule) -> set[str]:
+    """Replace constants of g_a that follow a float attribute by AttrRef; returns the attributes used."""
+    floats = {a.name: (a.default, _perturb(a.default)) for a in req.attributes if a.type == "float"}
+    nodes_a, nodes_b = list(g_a.graph.nodes), list(g_b.graph.nodes)
+    where = f"{req.reference_file}:{req.reference_func}"
+    if [n.target for n in nodes_a] != [n.target for n in nodes_b]:
+        raise TraceError(where, "the traced graph changes with the attribute values (Python control flow on "
+                                "an attribute); attributes must only feed tensor operations")
+    used: set[str] = set()
+
+    def bind(a, b):
+        if isinstance(a, (list, tuple)):
+            return type(a)(bind(x, y) for x, y in zip(a, b))
+        if isinstance(a, float) and isinstance(b, float) and a != b:
+            for name, (d, p) in floats.items():
+                if a == d and b == p:
+                    used.add(name)
+                    return AttrRef(name)
+            raise TraceError(where, f"constant {a!r} is computed in Python from an attribute; pass the "
+                                    "attribute itself to torch operations so the kernel can take it at run time")
+        return a
+
+    for na, nb in zip(nodes_a, nodes_b):
+        na.args = bind(na.args, nb.args)
+        na.kwargs = {k: bind(v, nb.kwargs.get(k)) for k, v in na.kwargs.items()}
+    return used
+
+
+def trace_request(req: Request) -> TracedOp:
+    fn = req.load_reference()
+    binding = example_binding(req)
+    tensors = example_inputs(req, binding)
+    outs = run_reference(req, fn, tensors, req.attr_defaults)
+    where = f"{req.reference_file}:{req.reference_func}"
+    names = list(req.outputs) if req.outputs else (["out"] if len(outs) == 1 else
+                                                   [f"out{i}" for i in range(len(outs))])
+    if len(names) != len(outs):
+        raise TraceError(f"{req.dir.name}/request.yaml: outputs",
+                         f"{len(names)} outputs declared but the reference returns {len(outs)}")
+    for o in outs:
+        if not o.dtype.is_floating_point:
+            raise TraceError(where, f"output dtype {o.dtype} is not supported (floating outputs only)")
+
+    # which outputs follow the input dtype: run once more on meta tensors in bfloat16
+    meta = [torch.empty(t.shape, dtype=torch.bfloat16, device="meta") for t in tensors]
+    meta_outs = run_reference(req, fn, meta, req.attr_defaults)
+    first = req.inputs[0].name
+    output_like = {n: (first if o.dtype == torch.bfloat16 else None) for n, o in zip(names, meta_outs)}
+
+    fwd_a, fwd_b = _trace_pair(req, fn, tensors, grads=False)
+    used = _bind_attributes(req, fwd_a, fwd_b)
+    joint = None
+    grad_inputs = [s.name for s in req.inputs if s.requires_grad]
+    if req.backward:
+        if not grad_inputs:
+            raise TraceError(f"{req.dir.name}/request.yaml: backward", "backward: true but no input requires grad")
+        joint, joint_b = _trace_pair(req, fn, tensors, grads=True)
+        used |= _bind_attributes(req, joint, joint_b)
+    runtime = [a.name for a in req.attributes if a.name in used]
+    return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
+                    binding)

@@ -1,0 +1,254 @@
+"""The request: a folder with request.yaml and the PyTorch reference it names (DESIGN.md, "Request").
+
+`load_request` validates everything that can be checked without running the reference and raises
+`InputError` naming the field (``request.yaml: inputs.weight.dtype``) on the first problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import keyword
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from opforge.errors import InputError
+
+REQUEST_FILE = "request.yaml"
+CATEGORIES = ("elementwise", "reduction", "norm", "activation", "other")
+FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+ATTR_TYPES = {"float": float, "int": int, "bool": bool}
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class InputSpec:
+    name: str
+    shape: list[str | int]
+    dtypes: list[str]
+    like: str | None = None  # "dtype: like weight": always called with weight's dtype
+    requires_grad: bool = False
+
+
+@dataclass
+class AttrSpec:
+    name: str
+    type: str
+    default: Any
+
+
+@dataclass
+class Request:
+    dir: Path
+    name: str
+    description: str
+    category: str
+    inputs: list[InputSpec]
+    attributes: list[AttrSpec]
+    outputs: dict[str, dict] | None
+    reference_file: str
+    reference_func: str
+    backward: bool
+    p0: list[dict[str, int]]
+    tolerance: dict[str, dict[str, float]] = field(default_factory=dict)
+    perf_target: dict[str, float] = field(default_factory=dict)
+    deterministic: bool = False
+
+    @property
+    def dtypes(self) -> list[str]:
+        """The dtypes the operator is delivered for: those of its first tensor input."""
+        return list(self.inputs[0].dtypes)
+
+    @property
+    def symbols(self) -> list[str]:
+        seen: list[str] = []
+        for spec in self.inputs:
+            for d in spec.shape:
+                if isinstance(d, str) and d not in seen:
+                    seen.append(d)
+        return seen
+
+    @property
+    def attr_defaults(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.attributes}
+
+    def input_shape(self, spec: InputSpec, binding: dict[str, int]) -> tuple[int, ...]:
+        return tuple(binding[d] if isinstance(d, str) else d for d in spec.shape)
+
+    def load_reference(self) -> Callable:
+        return load_function(self.dir / self.reference_file, self.reference_func, f"{REQUEST_FILE}: reference")
+
+
+def load_function(path: Path, func: str, where: str) -> Callable:
+    """Import `func` from the Python file at `path` (a fresh module each time, so edits are seen)."""
+    if not path.is_file():
+        raise InputError(where, f"reference file {path.name} not found")
+    mod_name = f"_opforge_ref_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: any error is bad input
+        raise InputError(str(path.name), f"importing the reference failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.modules.pop(mod_name, None)
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise InputError(where, f"{path.name} defines no function {func!r}")
+    return fn
+
+
+def _field(doc: dict, key: str, where: str, types, required=True, default=None):
+    if key not in doc or doc[key] is None:
+        if required:
+            raise InputError(f"{REQUEST_FILE}: {where}{key}", "missing required field")
+        return default
+    value = doc[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        names = "/".join(t.__name__ for t in _as_tuple(types))
+        raise InputError(f"{REQUEST_FILE}: {where}{key}", f"expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _as_tuple(types):
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _dtype_list(value, where: str) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise InputError(where, "expected a dtype or a non-empty list of dtypes")
+    for d in items:
+        if d not in FLOAT_DTYPES:
+            raise InputError(where, f"unknown dtype {d!r} (expected one of {', '.join(FLOAT_DTYPES)})")
+    return list(items)
+
+
+def load_request(request_dir: str | Path) -> Request:
+    rdir = Path(request_dir)
+    path = rdir / REQUEST_FILE
+    if not rdir.is_dir():
+        raise InputError(str(rdir), "request folder not found")
+    if not path.is_file():
+        raise InputError(str(path), "no request.yaml in the request folder")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(str(path), f"not valid YAML{at}") from None
+    if not isinstance(doc, dict):
+        raise InputError(str(path), "expected a mapping at the top level")
+
+    name = _field(doc, "name", "", str)
+    if not _NAME.match(name) or keyword.iskeyword(name):
+        raise InputError(f"{REQUEST_FILE}: name", f"{name!r} is not a snake_case identifier")
+    description = _field(doc, "description", "", str)
+    category = _field(doc, "category", "", str)
+    if category not in CATEGORIES:
+        raise InputError(f"{REQUEST_FILE}: category", f"{category!r} is not one of {', '.join(CATEGORIES)}")
+
+    raw_inputs = _field(doc, "inputs", "", dict)
+    if not raw_inputs:
+        raise InputError(f"{REQUEST_FILE}: inputs", "at least one tensor input is required")
+    backward = _field(doc, "backward", "", bool, required=False, default=False)
+    inputs: list[InputSpec] = []
+    for i, (iname, spec) in enumerate(raw_inputs.items()):
+        where = f"inputs.{iname}."
+        if not isinstance(spec, dict):
+            raise InputError(f"{REQUEST_FILE}: inputs.{iname}", "expected a mapping with shape and dtype")
+        if not _SYMBOL.match(str(iname)) or keyword.iskeyword(str(iname)):
+            raise InputError(f"{REQUEST_FILE}: inputs.{iname}", "not a valid Python identifier")
+        shape = _field(spec, "shape", where, list)
+        for d in shape:
+            ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
+                isinstance(d, str) and _SYMBOL.match(d))
+            if not ok:
+                raise InputError(f"{REQUEST_FILE}: {where}shape", f"{d!r} is neither a symbol nor a positive int")
+        dtype = _field(spec, "dtype", where, (str, list))
+        like = None
+        if isinstance(dtype, str) and dtype.startswith("like "):
+            like = dtype[5:].strip()
+            target = next((s for s in inputs if s.name == like), None)
+            if target is None:
+                raise InputError(f"{REQUEST_FILE}: {where}dtype", f"'like {like}' names no earlier input")
+            dtypes = list(target.dtypes)
+        else:
+            dtypes = _dtype_list(dtype, f"{REQUEST_FILE}: {where}dtype")
+        default_grad = backward and i == 0
+        rg = _field(spec, "requires_grad", where, bool, required=False, default=default_grad)
+        inputs.append(InputSpec(str(iname), shape, dtypes, like, rg))
+
+    attributes: list[AttrSpec] = []
+    for aname, spec in (_field(doc, "attributes", "", dict, required=False, default={}) or {}).items():
+        where = f"attributes.{aname}."
+        if not isinstance(spec, dict):
+            raise InputError(f"{REQUEST_FILE}: attributes.{aname}", "expected a mapping with type and default")
+        atype = _field(spec, "type", where, str)
+        if atype not in ATTR_TYPES:
+            raise InputError(f"{REQUEST_FILE}: {where}type", f"{atype!r} is not one of float, int, bool")
+        default = _field(spec, "default", where, (int, float, bool))
+        if atype == "float" and not isinstance(default, bool):
+            default = float(default)
+        elif not isinstance(default, ATTR_TYPES[atype]) or (atype == "int" and isinstance(default, bool)):
+            raise InputError(f"{REQUEST_FILE}: {where}default", f"expected a {atype}, got {default!r}")
+        attributes.append(AttrSpec(str(aname), atype, default))
+
+    outputs = _field(doc, "outputs", "", dict, required=False, default=None)
+
+    reference = _field(doc, "reference", "", str)
+    if ":" not in reference:
+        raise InputError(f"{REQUEST_FILE}: reference", "expected 'file.py:function'")
+    ref_file, ref_func = reference.rsplit(":", 1)
+    if not (rdir / ref_file).is_file():
+        raise InputError(f"{REQUEST_FILE}: reference", f"reference file {ref_file} not found in {rdir}")
+
+    shapes = _field(doc, "shapes", "", dict)
+    p0 = _field(shapes, "p0", "shapes.", list)
+    if not p0:
+        raise InputError(f"{REQUEST_FILE}: shapes.p0", "at least one shape binding is required")
+    symbols = [d for s in inputs for d in s.shape if isinstance(d, str)]
+    for k, binding in enumerate(p0):
+        where = f"{REQUEST_FILE}: shapes.p0[{k}]"
+        if not isinstance(binding, dict):
+            raise InputError(where, "expected a mapping from shape symbols to sizes")
+        for sym in symbols:
+            if sym not in binding:
+                raise InputError(where, f"shape symbol {sym} is not bound")
+        for sym, size in binding.items():
+            if sym not in symbols:
+                raise InputError(where, f"{sym} is bound but no input shape uses it")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InputError(where, f"{sym} must be a non-negative int, got {size!r}")
+
+    tolerance = _field(doc, "tolerance", "", dict, required=False, default={}) or {}
+    for dt, tol in tolerance.items():
+        where = f"{REQUEST_FILE}: tolerance.{dt}"
+        if dt not in FLOAT_DTYPES:
+            raise InputError(where, f"unknown dtype {dt!r}")
+        if not isinstance(tol, dict) or set(tol) - {"atol", "rtol"} or not tol:
+            raise InputError(where, "expected {atol: float, rtol: float}")
+        for k, v in tol.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise InputError(f"{where}.{k}", f"expected a non-negative number, got {v!r}")
+        tolerance[dt] = {k: float(v) for k, v in tol.items()}
+
+    perf_target = _field(doc, "perf_target", "", dict, required=False, default={}) or {}
+    for k, v in perf_target.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            raise InputError(f"{REQUEST_FILE}: perf_target.{k}", f"expected a positive number, got {v!r}")
+    deterministic = _field(doc, "deterministic", "", bool, required=False, default=False)
+
+    known = {"name", "description", "category", "inputs", "attributes", "outputs", "reference", "backward",
+             "shapes", "tolerance", "perf_target", "deterministic"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise InputError(f"{REQUEST_FILE}: {unknown[0]}", "unknown field")
+
+    return Request(rdir, name, description, category, inputs, attributes, outputs, ref_file, ref_func,
+                   backward, [dict(b) for b in p0], tolerance, dict(perf_target), deterministic)
