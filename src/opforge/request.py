@@ -33,6 +33,7 @@ class InputSpec:
     dtypes: list[str]
     like: str | None = None  # "dtype: like weight": always called with weight's dtype
     requires_grad: bool = False
+    range: tuple[float, float] | None = None  # test inputs drawn uniformly from [low, high]
 
 
 @dataclass
@@ -182,7 +183,16 @@ def load_request(request_dir: str | Path) -> Request:
             dtypes = _dtype_list(dtype, f"{REQUEST_FILE}: {where}dtype")
         default_grad = backward and i == 0
         rg = _field(spec, "requires_grad", where, bool, required=False, default=default_grad)
-        inputs.append(InputSpec(str(iname), shape, dtypes, like, rg))
+        rng = _field(spec, "range", where, list, required=False, default=None)
+        if rng is not None:
+            if len(rng) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in rng) \
+                    or not rng[0] < rng[1]:
+                raise InputError(f"{REQUEST_FILE}: {where}range", "expected [low, high] with low < high")
+            rng = (float(rng[0]), float(rng[1]))
+        unknown = sorted(set(spec) - {"shape", "dtype", "requires_grad", "range"})
+        if unknown:
+            raise InputError(f"{REQUEST_FILE}: {where}{unknown[0]}", "unknown field")
+        inputs.append(InputSpec(str(iname), shape, dtypes, like, rg, rng))
 
     attributes: list[AttrSpec] = []
     for aname, spec in (_field(doc, "attributes", "", dict, required=False, default={}) or {}).items():

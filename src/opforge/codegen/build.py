@@ -47,4 +47,28 @@ def generate_impl(req: Request, build: Build) -> str:
     return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.input_names,
                        grad_inputs=t.grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
                        attr_defaults=req.attr_defaults, fixed_attrs=fixed, dims=build.dims,
-                       input_shapes={s.name: tuple(s.shape) for s in req.inputs})
+                       input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic)
+
+
+def symbol_map(gm, req: Request) -> dict:
+    """Graph shape symbols -> the request's shape symbols, read off the placeholders."""
+    out = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for spec, node in zip(req.inputs, placeholders):
+        for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
+            if isinstance(e, sympy.Symbol) and isinstance(d, str):
+                out[e] = d
+    return out
+
+
+def numel_of(gm, req: Request, binding: dict):
+    """A function node -> element count under a shape binding of the request's symbols."""
+    smap = symbol_map(gm, req)
+    subs = {s: binding[name] for s, name in smap.items()}
+
+    def numel(node) -> int:
+        n = 1
+        for e in shape_exprs(node.meta["val"]):
+            n *= int(sympy.sympify(e).subs(subs)) if not isinstance(e, int) else e
+        return n
+    return numel

@@ -205,7 +205,7 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
 def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | None, *, inputs: list[str],
                 grad_inputs: list[str], output_names: list[str], runtime_attrs: list[str],
                 attr_defaults: dict, fixed_attrs: dict, dims: dict, input_shapes: dict,
-                block: int = 1024, num_warps: int = 4) -> str:
+                deterministic: bool = False, block: int = 1024, num_warps: int = 4) -> str:
     """The whole impl module. `dims` maps shape symbols to Python expressions like 'weight.shape[0]'."""
     parts = [f'"""{op}: fused Triton kernels, launch wrappers and the torch.library operator.\n\n'
              f"{description}.\n"
@@ -298,7 +298,7 @@ _{op}_op.register_autograd(_backward, setup_context=_setup_context)
         for a, v in fixed_attrs.items())
     parts.append(f'''
 
-def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = False):
+def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = {deterministic!r}):
     """{description}.
 
     Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}. Float attributes are run-time

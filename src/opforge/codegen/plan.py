@@ -162,6 +162,8 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     inputs: list[TensorArg] = []
     counts: Counter = Counter()
     eager = 0
+    seen_body: dict[str, str] = {}
+    seen_epi: dict[str, str] = {}
 
     def render(a):
         if isinstance(a, torch.fx.Node):
@@ -226,8 +228,14 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         if dep_red and node_full:
             raise Unsupported([key], f"{node.name} is a full-size value that needs a finished reduction "
                                      "(a second pass over the data)")
-        stmt = Stmt(target, expr, key)
-        (epilogue if dep_red else body).append(stmt)
+        # common subexpressions: the joint graph recomputes forward values (e.g. weight / scale twice)
+        seen = seen_epi if dep_red else seen_body
+        if expr in seen or (dep_red and expr in seen_body):
+            var[node] = seen.get(expr) or seen_body[expr]
+            full[node], after_reduce[node] = block, dep_red
+            continue
+        seen[expr] = target
+        (epilogue if dep_red else body).append(Stmt(target, expr, key))
         var[node], full[node], after_reduce[node] = target, block, dep_red
 
     outs: list[OutArg] = []

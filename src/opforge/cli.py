@@ -1,0 +1,212 @@
+"""The `opforge` command. One sub-command group per skill family; `op` is the operator factory.
+
+Exit codes: 0 success; 1 a run that ended BLOCKED for a reason other than its input, or failing gates;
+2 bad input (one line naming the field or file), including requests the engine cannot build.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from opforge.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Verified, fused Triton operators for PyTorch.")
+op_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, help="The operator factory: request -> seven gated stages -> kernel.")
+app.add_typer(op_app, name="op")
+
+console = Console(stderr=True)
+INPUT_TERMINALS = ("BLOCKED_SPEC", "BLOCKED_API")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _fail_input(exc: InputError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2)
+
+
+def _state_json(state) -> dict:
+    return state.to_dict()
+
+
+def _status_table(state) -> Table:
+    from opforge.orchestrator.state import STAGES
+
+    t = Table(title=f"{state.op_name}", show_lines=False)
+    for col in ("stage", "name", "status", "attempts", "reason"):
+        t.add_column(col)
+    colour = {"completed": "green", "skipped": "cyan", "failed": "red", "in_progress": "yellow",
+              "pending": "dim"}
+    for k, name in STAGES.items():
+        r = state.stages[k]
+        t.add_row(str(k), name, f"[{colour[r.status]}]{r.status}[/]", str(r.attempts), (r.reason or "")[:90])
+    return t
+
+
+def _finish(state, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(_state_json(state), indent=2))
+    else:
+        console.print(_status_table(state))
+    term = (state.terminal or {}).get("status")
+    if term and term != "SUCCESS":
+        typer.echo(f"{term}: {state.terminal['reason']}", err=True)
+        raise typer.Exit(2 if term in INPUT_TERMINALS else 1)
+    if not term:
+        raise typer.Exit(0)
+
+
+def _run(ws_dir: Path, only: int | None, as_json: bool):
+    from opforge.orchestrator.runner import run_stages
+
+    if as_json or not sys.stderr.isatty():
+        def progress(event, stage, text):
+            if not as_json:
+                typer.echo(f"stage {stage} {event}: {text}", err=True)
+        return run_stages(ws_dir, only=only, progress=progress)
+    with console.status("starting") as status:
+        def progress(event, stage, text):
+            if event == "start":
+                status.update(f"stage {stage}: {text} …")
+            else:
+                mark = {"completed": "[green]✓[/]", "skipped": "[cyan]↷[/]"}.get(event, "[red]✗[/]")
+                console.print(f"{mark} stage {stage}: {text}")
+        return run_stages(ws_dir, only=only, progress=progress)
+
+
+@op_app.command("run")
+def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yaml and the reference"),
+           out: Path = typer.Option(..., "--out", help="workspace folder to create"),
+           force: bool = typer.Option(False, help="replace a non-empty --out folder"),
+           as_json: bool = typer.Option(False, "--json", help="print the final state as JSON")):
+    """Build an operator through all seven stages."""
+    from opforge.orchestrator.runner import create_workspace
+
+    try:
+        ws = create_workspace(request_dir, out, force=force)
+        state = _run(ws.root, None, as_json)
+    except InputError as exc:
+        _fail_input(exc)
+    _finish(state, as_json)
+
+
+@op_app.command("resume")
+def op_resume(ws_dir: Path = typer.Argument(..., help="workspace folder"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Continue an interrupted run; completed stages are not redone."""
+    try:
+        state = _run(ws_dir, None, as_json)
+    except InputError as exc:
+        _fail_input(exc)
+    _finish(state, as_json)
+
+
+@op_app.command("status")
+def op_status(ws_dir: Path = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
+    """Where a workspace stands."""
+    from opforge.orchestrator.state import load_state
+
+    try:
+        state = load_state(ws_dir)
+    except InputError as exc:
+        _fail_input(exc)
+    if as_json:
+        typer.echo(json.dumps(_state_json(state), indent=2))
+    else:
+        console.print(_status_table(state))
+        if state.terminal:
+            typer.echo(f"terminal: {state.terminal['status']}: {state.terminal['reason']}", err=True)
+
+
+@op_app.command("stage")
+def op_stage(ws_dir: Path = typer.Argument(...), n: int = typer.Argument(..., min=1, max=7),
+             as_json: bool = typer.Option(False, "--json")):
+    """Run one stage alone (later stages go back to pending)."""
+    try:
+        state = _run(ws_dir, n, as_json)
+    except InputError as exc:
+        _fail_input(exc)
+    _finish(state, as_json)
+
+
+@op_app.command("gate")
+def op_gate(ws_dir: Path = typer.Argument(...), stage: int = typer.Option(..., "--stage", min=1, max=7),
+            as_json: bool = typer.Option(False, "--json")):
+    """Check a stage's gates without running it; exit 1 when a blocking rule fails."""
+    from opforge.orchestrator.gates import blocking_failures, run_gates
+    from opforge.orchestrator.state import load_state
+    from opforge.orchestrator.workspace import Workspace
+
+    try:
+        state = load_state(ws_dir)
+    except InputError as exc:
+        _fail_input(exc)
+    results = run_gates(Workspace(Path(ws_dir), state.op_name), stage, state)
+    if as_json:
+        typer.echo(json.dumps({"stage": stage, "results": results,
+                               "passed": not blocking_failures(results)}, indent=2))
+    else:
+        t = Table(title=f"gates of stage {stage}")
+        for col in ("rule", "severity", "dimension", "result", "detail"):
+            t.add_column(col)
+        for r in results:
+            t.add_row(r["id"], r["severity"], r["dimension"], "[green]pass[/]" if r["passed"] else "[red]FAIL[/]",
+                      r["message"] or r["doc"])
+        console.print(t)
+    raise typer.Exit(1 if blocking_failures(results) else 0)
+
+
+@op_app.command("rollback")
+def op_rollback(ws_dir: Path = typer.Argument(...), to: int = typer.Option(..., "--to"),
+                as_json: bool = typer.Option(False, "--json")):
+    """Send stage N and later back to pending; earlier artifacts are restored from their snapshots."""
+    from opforge.orchestrator.runner import rollback
+
+    try:
+        restored = rollback(ws_dir, to)
+    except InputError as exc:
+        _fail_input(exc)
+    if as_json:
+        typer.echo(json.dumps({"to_stage": to, "restored": restored}))
+    else:
+        typer.echo(f"rolled back to stage {to}; restored {len(restored)} file(s). Run `opforge op resume {ws_dir}`.")
+
+
+@op_app.command("catalog")
+def op_catalog(as_json: bool = typer.Option(False, "--json"),
+               root: Path = typer.Option(EXAMPLES, help="folder of example requests")):
+    """The example requests opforge builds."""
+    from opforge.request import load_request
+
+    rows = []
+    for d in sorted(p for p in root.iterdir() if (p / "request.yaml").exists()) if root.is_dir() else []:
+        try:
+            r = load_request(d)
+            rows.append({"name": r.name, "category": r.category, "dtypes": r.dtypes, "backward": r.backward,
+                         "path": str(d), "description": r.description})
+        except InputError as exc:
+            rows.append({"name": d.name, "error": str(exc), "path": str(d)})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title="opforge catalog")
+    for col in ("name", "category", "dtypes", "backward", "description"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r.get("category", "?"), ", ".join(r.get("dtypes", [])), str(r.get("backward", "")),
+                  r.get("description", r.get("error", "")))
+    Console().print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Traced graphs as text for people: formulas, an ASCII dataflow, and per-output traits."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.codegen.ops import OP_TABLE, REDUCTION, VIEW, op_name
+from opforge.codegen.trace import AttrRef
+
+_MATH = {
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}", "neg": "-{0}",
+    "gt": "{0} > {1}", "ge": "{0} >= {1}", "lt": "{0} < {1}", "le": "{0} <= {1}", "eq": "{0} == {1}",
+    "ne": "{0} != {1}", "where": "where({0}, {1}, {2})", "clamp": "clamp({0}, {1}, {2})",
+    "round": "round_half_even({0})", "logical_and": "{0} & {1}", "logical_and_": "{0} & {1}",
+    "logical_or": "{0} | {1}", "full_like": "{1}", "scalar_tensor": "{0}", "sum": "sum({0})",
+    "mean": "mean({0})", "amax": "max({0})", "amin": "min({0})", "exp": "exp({0})", "log": "log({0})",
+    "sqrt": "sqrt({0})", "rsqrt": "rsqrt({0})", "abs": "|{0}|", "pow": "{0} ** {1}",
+}
+
+
+def _arg(a, names) -> str:
+    if isinstance(a, torch.fx.Node):
+        return names.get(a, a.name)
+    if isinstance(a, AttrRef):
+        return a.name
+    if isinstance(a, float):
+        return f"{a:g}"
+    return str(a)
+
+
+def _shape(node) -> str:
+    val = node.meta.get("val")
+    if val is None or not hasattr(val, "shape"):
+        return ""
+    return "(" + ", ".join(str(d) for d in val.shape) + ")"
+
+
+def readable_names(gm: torch.fx.GraphModule, input_names: list[str]) -> dict:
+    """Placeholders get the request's input names; views take their source's name."""
+    names = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, name in zip(placeholders, input_names):
+        names[n] = name
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and OP_TABLE.get(op_name(n.target)) and \
+                OP_TABLE[op_name(n.target)].kind == VIEW:
+            names[n] = names.get(n.args[0], n.args[0].name)
+    return names
+
+
+def formula_lines(gm: torch.fx.GraphModule, input_names: list[str], output_names: list[str]) -> list[str]:
+    names = readable_names(gm, input_names)
+    lines = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n in names:
+            continue
+        base = op_name(n.target).split(".")[1]
+        args = [_arg(a, names) for a in n.args]
+        template = _MATH.get(base)
+        try:
+            expr = template.format(*args) if template else f"{base}({', '.join(args)})"
+        except IndexError:
+            expr = f"{base}({', '.join(args)})"
+        lines.append(f"{n.name} = {expr}")
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    for name, r in zip(output_names, results):
+        lines.append(f"{name} = {_arg(r, names)}")
+    return lines
+
+
+def dataflow_ascii(gm: torch.fx.GraphModule, input_names: list[str], output_names: list[str]) -> str:
+    """One line per computed value: what it is, what it reads, its shape."""
+    names = readable_names(gm, input_names)
+    rows = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            rows.append(("in", names[n], "", _shape(n)))
+        elif n.op == "call_function" and n not in names:
+            base = op_name(n.target).split(".")[1]
+            reads = ", ".join(_arg(a, names) for a in n.args if not isinstance(a, (list, tuple)))
+            kind = "Σ" if OP_TABLE.get(op_name(n.target)) and OP_TABLE[op_name(n.target)].kind == REDUCTION \
+                else "▸"
+            rows.append((kind, n.name, f"{base}({reads})", _shape(n)))
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    for name, r in zip(output_names, results):
+        rows.append(("out", name, f"= {_arg(r, names)}", _shape(r) if isinstance(r, torch.fx.Node) else ""))
+    w_name = max(len(r[1]) for r in rows)
+    w_expr = max(len(r[2]) for r in rows)
+    lines = []
+    for i, (kind, name, expr, shape) in enumerate(rows):
+        if kind == "in":
+            lines.append(f"{name:>{w_name}} {shape:<}".rstrip() + " ──┐")
+            continue
+        rail = "└─" if i == len(rows) - 1 else "├─"
+        mark = {"Σ": "Σ", "▸": "▸", "out": "◆"}[kind]
+        lines.append(f"{'':>{w_name}}    {rail}{mark} {name:<{w_name}} {expr:<{w_expr}}  {shape}".rstrip())
+    return "\n".join(lines)
+
+
+def output_traits(gm: torch.fx.GraphModule, indices: list[int]) -> list[dict]:
+    """For each wanted output: exact (only exact ops, no reduction) and reduced (a reduction upstream)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    memo: dict = {}
+
+    def walk(n):
+        if n in memo:
+            return memo[n]
+        exact, reduced = True, False
+        if n.op == "call_function":
+            rule = OP_TABLE.get(op_name(n.target))
+            exact = bool(rule and rule.exact and rule.kind != REDUCTION)
+            reduced = bool(rule and rule.kind == REDUCTION)
+        for a in n.all_input_nodes:
+            e, r = walk(a)
+            exact, reduced = exact and e, reduced or r
+        memo[n] = (exact, reduced)
+        return memo[n]
+
+    traits = []
+    for i in indices:
+        e, r = walk(results[i])
+        traits.append({"exact": e and not r, "reduced": r})
+    return traits
+
+
+def eager_cost(gm: torch.fx.GraphModule, binding_numel: dict, elem_bytes: int) -> dict:
+    """What eager PyTorch costs: one kernel per computing node, each reading its inputs and writing its
+    output in the op's dtype (masks one byte per element). `binding_numel` maps node -> element count."""
+    kernels, nbytes = 0, 0
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        rule = OP_TABLE.get(op_name(n.target))
+        if rule and rule.kind == VIEW:
+            continue
+        kernels += 1
+
+        def size(x):
+            val = x.meta.get("val")
+            b = 1 if val is not None and val.dtype == torch.bool else elem_bytes
+            return binding_numel(x) * b
+
+        nbytes += size(n) + sum(size(a) for a in n.all_input_nodes)
+    return {"kernels": kernels, "bytes": nbytes}

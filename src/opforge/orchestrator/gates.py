@@ -1,0 +1,357 @@
+"""Gates: rules held as data, grouped by what they protect.
+
+Each rule has an id, a severity (S0 blocks, S1 blocks, S2 warns, S3 informs), a dimension (framework,
+artifact, separation, test, consistency), the stages it applies to, and a check that returns None when
+the rule holds or one line saying what is wrong. A stage completes only when no S0/S1 rule fails.
+The checks read the artifacts themselves (ASTs, a subprocess import), never the generator's intent.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import yaml
+
+from opforge.orchestrator.atomic import sha256_file
+from opforge.orchestrator.workspace import Workspace
+
+BLOCKING = ("S0", "S1")
+GOLDEN_IMPORT_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    dimension: str
+    stages: tuple[int, ...]
+    doc: str
+    check: Callable[[Workspace, object], str | None]
+
+
+# ---------------------------------------------------------------- helpers
+
+def _front_matter(ws: Workspace) -> dict:
+    text = ws.path("SPEC.md").read_text()
+    if not text.startswith("---\n"):
+        raise ValueError("SPEC.md has no front matter")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def _module_ast(ws: Workspace, rel: str) -> ast.Module:
+    return ast.parse(ws.path(rel).read_text(), filename=rel)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def _mentions(tree: ast.Module, words: tuple[str, ...]) -> list[str]:
+    """Imports, and string literals other than docstrings, that name one of `words`."""
+    hits = []
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [a.name for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            names = [node.value]
+        for n in names:
+            if any(w in n for w in words):
+                hits.append(f"line {node.lineno}: {n!r}")
+    return hits
+
+
+# torch calls a launch path may make: allocation, views, metadata, and the library machinery
+ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library",
+                 "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16", "int32",
+                 "int64", "bool", "dtype", "Generator"}
+ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr",
+                   "is_contiguous", "new_empty", "expand", "unsqueeze", "squeeze", "flatten", "storage_offset",
+                   "get", "register_fake", "register_autograd", "save_for_backward", "is_available",
+                   "element_size", "untyped_storage"}
+# Tensor methods that compute: every public Tensor method that torch also has as a function, plus casts
+TENSOR_MATH = ({n for n in dir(torch.Tensor) if not n.startswith("_") and hasattr(torch, n)} |
+               {"to", "float", "half", "bfloat16", "double", "clone", "copy_", "fill_", "zero_", "cpu",
+                "item", "tolist", "numpy"}) - ALLOWED_METHODS
+
+
+def _is_jit(fn: ast.FunctionDef) -> bool:
+    for d in fn.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        if isinstance(target, ast.Attribute) and target.attr == "jit":
+            return True
+        if isinstance(target, ast.Name) and target.id == "jit":
+            return True
+    return False
+
+
+def hot_path_violations(tree: ast.Module) -> list[str]:
+    """Torch math outside Triton kernels: torch.<fn>() calls, compute methods, arithmetic on tensors."""
+    bad = []
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and not _is_jit(n)]:
+        tensors = {a.arg for a in fn.args.args if isinstance(a.annotation, ast.Attribute)
+                   and a.annotation.attr == "Tensor"}
+        for node in ast.walk(fn):
+            # a name whose .contiguous() or .numel() is taken is a tensor
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.attr in ("contiguous", "numel"):
+                tensors.add(node.func.value.id)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                f = node.func
+                if isinstance(f.value, ast.Name) and f.value.id == "torch":
+                    if f.attr not in ALLOWED_TORCH:
+                        bad.append(f"{fn.name}, line {node.lineno}: torch.{f.attr}()")
+                elif isinstance(f.value, ast.Name) and f.value.id in ("tl", "triton", "os", "math"):
+                    continue
+                elif f.attr in TENSOR_MATH:
+                    bad.append(f"{fn.name}, line {node.lineno}: .{f.attr}()")
+            elif isinstance(node, (ast.BinOp, ast.AugAssign)):
+                operands = [node.left, node.right] if isinstance(node, ast.BinOp) else [node.target, node.value]
+                if any(isinstance(o, ast.Name) and o.id in tensors for o in operands):
+                    bad.append(f"{fn.name}, line {node.lineno}: tensor arithmetic in Python")
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Name) and node.operand.id in tensors:
+                bad.append(f"{fn.name}, line {node.lineno}: tensor arithmetic in Python")
+    return bad
+
+
+def _literal(tree: ast.Module, name: str):
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+    return None
+
+
+# ---------------------------------------------------------------- checks
+
+def check_spec(ws, state):
+    if not ws.path("SPEC.md").exists():
+        return "SPEC.md is missing"
+    try:
+        fm = _front_matter(ws)
+    except (ValueError, yaml.YAMLError) as exc:
+        return f"SPEC.md front matter unreadable: {exc}"
+    need = ("schema_version", "op_name", "category", "supported_dtypes", "p0_shapes", "tolerance",
+            "dynamic_axes", "default_params", "perf_target")
+    missing = [k for k in need if k not in (fm or {})]
+    return f"SPEC.md front matter lacks {', '.join(missing)}" if missing else None
+
+
+def check_spec_json(ws, state):
+    if not ws.path("spec.json").exists():
+        return "spec.json is missing"
+    fm, js = _front_matter(ws), json.loads(ws.path("spec.json").read_text())
+    diff = [k for k in fm if js.get(k) != fm[k]]
+    return f"spec.json disagrees with SPEC.md on {', '.join(diff)}" if diff else None
+
+
+def check_spec_frozen(ws, state):
+    if state is None or not state.spec_hash:
+        return "no frozen SPEC hash in the state"
+    if not ws.path("SPEC.md").exists() or sha256_file(ws.path("SPEC.md")) != state.spec_hash:
+        return "SPEC.md changed after stage 1 froze it (amend it with `opforge op stage DIR 1`)"
+    return None
+
+
+def check_api(ws, state):
+    if not ws.path("api_report.json").exists() or not ws.path("API_REPORT.md").exists():
+        return "API_REPORT.md or api_report.json is missing"
+    rep = json.loads(ws.path("api_report.json").read_text())
+    if rep.get("unsupported"):
+        return f"unsupported ops: {', '.join(rep['unsupported'])}"
+    return None if rep.get("cost") else "api_report.json has no cost model"
+
+
+def check_golden_import(ws, state):
+    path = ws.path(ws.golden)
+    if not path.exists():
+        return f"{ws.golden} is missing"
+    code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('g', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "missing = [n for n in ('forward', 'backward', 'make_inputs', 'INPUTS', 'INPUT_NAMES', 'OUTPUT_NAMES', "
+            "'GRAD_INPUTS', 'ATTRIBUTES') if not hasattr(m, n)]; "
+            "sys.exit('golden lacks ' + ', '.join(missing) if missing else 0)")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              timeout=GOLDEN_IMPORT_TIMEOUT_S, cwd=ws.root)
+    except subprocess.TimeoutExpired:
+        return f"{ws.golden} did not import within {GOLDEN_IMPORT_TIMEOUT_S} s"
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return f"{ws.golden} does not import: {err}"
+    return None
+
+
+def check_golden_separate(ws, state):
+    if not ws.path(ws.golden).exists():
+        return f"{ws.golden} is missing"
+    hits = _mentions(_module_ast(ws, ws.golden), ("_impl", "triton"))
+    return f"the golden reaches for the kernel: {'; '.join(hits)}" if hits else None
+
+
+def check_design(ws, state):
+    if not ws.path("DESIGN.md").exists():
+        return "DESIGN.md is missing"
+    text = ws.path("DESIGN.md").read_text()
+    need = ["## Fusion plan", "## Tiling and loops", "## Memory layout", "## Verification matrix"]
+    missing = [s for s in need if s not in text]
+    return f"DESIGN.md lacks {', '.join(missing)}" if missing else None
+
+
+def check_impl_separate(ws, state):
+    if not ws.path(ws.impl).exists():
+        return f"{ws.impl} is missing"
+    hits = _mentions(_module_ast(ws, ws.impl), ("golden", "reference"))
+    return f"the impl reaches for the golden: {'; '.join(hits)}" if hits else None
+
+
+def check_impl_triton_only(ws, state):
+    if not ws.path(ws.impl).exists():
+        return f"{ws.impl} is missing"
+    bad = hot_path_violations(_module_ast(ws, ws.impl))
+    return f"torch computes outside Triton: {'; '.join(bad[:5])}" if bad else None
+
+
+def check_test_coverage(ws, state):
+    if not ws.path(ws.test).exists():
+        return f"{ws.test} is missing"
+    fm = _front_matter(ws)
+    tree = _module_ast(ws, ws.test)
+    try:
+        dtypes = ast.literal_eval(_literal(tree, "DTYPES"))
+        p0 = ast.literal_eval(_literal(tree, "P0_SHAPES"))
+        tol = ast.literal_eval(_literal(tree, "TOLERANCE"))
+        level0 = ast.literal_eval(_literal(tree, "LEVEL0"))
+    except (ValueError, TypeError, SyntaxError):
+        return "DTYPES, P0_SHAPES, TOLERANCE and LEVEL0 must be literals in the test file"
+    covered = {(c.get("dtype"), json.dumps(c.get("binding"), sort_keys=True)) for c in level0}
+    problems = []
+    for dt in fm["supported_dtypes"]:
+        if dt not in dtypes:
+            problems.append(f"DTYPES lacks {dt}")
+        for b in fm["p0_shapes"]:
+            if (dt, json.dumps(b, sort_keys=True)) not in covered:
+                problems.append(f"Level 0 lacks {dt} at {b}")
+    for b in fm["p0_shapes"]:
+        if b not in p0:
+            problems.append(f"P0_SHAPES lacks {b}")
+    if tol != fm["tolerance"]:
+        problems.append("TOLERANCE differs from SPEC.md")
+    return "; ".join(problems[:4]) if problems else None
+
+
+def check_test_imports(ws, state):
+    text = ws.path(ws.test).read_text() if ws.path(ws.test).exists() else ""
+    miss = [m for m in (f"{ws.op}_impl", f"{ws.op}_golden") if m not in text]
+    return f"the test file does not load {', '.join(miss)}" if miss else None
+
+
+def check_readme(ws, state):
+    return None if ws.path("README.md").exists() else "README.md is missing"
+
+
+def check_precision_record(ws, state):
+    if not ws.path("precision.json").exists() or not ws.path("PRECISION.md").exists():
+        return "PRECISION.md or precision.json is missing"
+    rep = json.loads(ws.path("precision.json").read_text())
+    return None if rep.get("summary", {}).get("total", 0) > 0 else "precision.json records no case"
+
+
+def check_precision_passed(ws, state):
+    if not ws.path("precision.json").exists():
+        return "precision.json is missing"
+    s = json.loads(ws.path("precision.json").read_text()).get("summary", {})
+    return None if s.get("all_passed") else f"precision has not passed ({s.get('failed')} failing cases)"
+
+
+def check_perf(ws, state):
+    missing = [f for f in ("PERF.md", "perf.json", "perf.png") if not ws.path(f).exists()]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    perf = json.loads(ws.path("perf.json").read_text())
+    if perf.get("device") != "cuda" and not perf.get("kernel_timing"):
+        return "a CPU perf report must say that kernel timing needs an accelerator"
+    return None
+
+
+def check_artifacts_unchanged(ws, state):
+    """Artifacts of completed stages still match the hashes recorded when those stages completed."""
+    if state is None:
+        return None
+    current = state.current_stage
+    changed = []
+    for k, rec in state.stages.items():
+        if k >= current or rec.status != "completed":
+            continue
+        later = {a for j in range(k + 1, current + 1) for a in ws.stage_artifacts(j)}
+        for rel, digest in rec.artifacts.items():
+            if rel in later:
+                continue
+            p = ws.path(rel)
+            if not p.exists() or sha256_file(p) != digest:
+                changed.append(f"{rel} (stage {k})")
+    return f"changed since completion: {', '.join(changed)}" if changed else None
+
+
+RULES: list[Rule] = [
+    Rule("G1-SPEC", "S0", "artifact", (1,), "SPEC.md exists with the front matter fields", check_spec),
+    Rule("G1-SPEC-JSON", "S1", "consistency", (1,), "spec.json agrees with SPEC.md", check_spec_json),
+    Rule("C-SPEC-FROZEN", "S0", "consistency", (2, 3, 4, 5, 6, 7), "SPEC.md is unchanged since stage 1",
+         check_spec_frozen),
+    Rule("C-ARTIFACTS", "S1", "consistency", (2, 3, 4, 5, 6, 7),
+         "earlier stages' artifacts are unchanged since they completed", check_artifacts_unchanged),
+    Rule("G2-API", "S0", "artifact", (2,), "every ATen op is lowered and the cost model is written", check_api),
+    Rule("G3-GOLDEN-IMPORT", "S0", "framework", (3,),
+         f"the golden imports in a fresh interpreter within {GOLDEN_IMPORT_TIMEOUT_S} s", check_golden_import),
+    Rule("G3-GOLDEN-SEPARATE", "S0", "separation", (3, 5, 7), "the golden imports no kernel",
+         check_golden_separate),
+    Rule("G4-DESIGN", "S1", "artifact", (4,), "DESIGN.md has the fusion plan and the verification matrix",
+         check_design),
+    Rule("G5-IMPL-SEPARATE", "S0", "separation", (5, 7), "the impl never reads the golden or the reference",
+         check_impl_separate),
+    Rule("G5-IMPL-TRITON-ONLY", "S0", "separation", (5, 7),
+         "only allocation, views and launches are torch calls on the impl's paths", check_impl_triton_only),
+    Rule("G5-TEST-COVERAGE", "S0", "test", (5, 7), "tests cover every SPEC dtype and p0 shape with SPEC tolerances",
+         check_test_coverage),
+    Rule("G5-TEST-IMPORTS", "S1", "test", (5,), "the test file loads the impl and the golden separately",
+         check_test_imports),
+    Rule("G5-README", "S2", "artifact", (5,), "README.md exists", check_readme),
+    Rule("G5-PRECISION", "S1", "artifact", (5,), "PRECISION.md and precision.json record the cases",
+         check_precision_record),
+    Rule("G7-PRECISION-FIRST", "S0", "test", (7,), "performance is only measured on a kernel that passed precision",
+         check_precision_passed),
+    Rule("G7-PERF", "S0", "artifact", (7,), "PERF.md, perf.json and perf.png, honest about the device", check_perf),
+]
+
+
+def run_gates(ws: Workspace, stage: int, state=None) -> list[dict]:
+    results = []
+    for rule in RULES:
+        if stage not in rule.stages:
+            continue
+        try:
+            msg = rule.check(ws, state)
+        except Exception as exc:  # a rule that cannot read its artifact fails, with why
+            msg = f"check failed: {type(exc).__name__}: {exc}"
+        results.append({"id": rule.id, "severity": rule.severity, "dimension": rule.dimension,
+                        "passed": msg is None, "message": msg or "", "doc": rule.doc})
+    return results
+
+
+def blocking_failures(results: list[dict]) -> list[dict]:
+    return [r for r in results if not r["passed"] and r["severity"] in BLOCKING]

@@ -1,0 +1,172 @@
+"""The stage loop: create a workspace, run stages in order under the workspace lock, gate each one,
+record every transition in the state file and events.jsonl, snapshot what each stage wrote.
+
+Interrupting a run at any point is safe: the state file is only ever replaced atomically, a stage that
+was in progress is simply run again by `resume`, and completed stages are never redone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from opforge.codegen.trace import trace_request
+from opforge.errors import InputError
+from opforge.orchestrator import events, history
+from opforge.orchestrator.atomic import sha256_file, workspace_lock
+from opforge.orchestrator.gates import blocking_failures, run_gates
+from opforge.orchestrator.state import (BLOCKED_BY_STAGE, STAGES, STATE_FILE, BudgetExceeded, State,
+                                        load_state, save_state)
+from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace, copy_request
+from opforge.request import load_request
+from opforge.skills.op_api import stage as s2
+from opforge.skills.op_design import stage as s4
+from opforge.skills.op_develop import stage as s5
+from opforge.skills.op_golden import stage as s3
+from opforge.skills.op_perf import stage as s7
+from opforge.skills.op_precision import stage as s6
+from opforge.skills.op_requirement import stage as s1
+
+STAGE_RUNNERS = {1: s1.run, 2: s2.run, 3: s3.run, 4: s4.run, 5: s5.run, 6: s6.run, 7: s7.run}
+Progress = Callable[[str, int, str], None]  # (event, stage, text)
+
+
+def create_workspace(request_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Workspace:
+    """Validate the request (and trace its reference) before anything is written, then create the
+    workspace in a temporary folder and rename it into place, so no half-made workspace can exist."""
+    req = load_request(request_dir)
+    trace_request(req)
+    out = Path(out_dir)
+    if (out / STATE_FILE).exists():
+        raise InputError(str(out), "already an opforge workspace: use `opforge op resume`")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise InputError(str(out), "folder exists and is not empty (use --force to replace it)")
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        copy_request(Path(request_dir), tmp / REQUEST_COPY)
+        state = State.new(req.name, str(Path(request_dir).resolve()), options={"deterministic": req.deterministic})
+        save_state(tmp, state)
+        events.log_event(tmp, "created", op=req.name, request=str(request_dir))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Workspace(out, req.name)
+
+
+def _hashes(ws: Workspace, rels: list[str]) -> dict[str, str]:
+    return {r: sha256_file(ws.path(r)) for r in rels if ws.path(r).exists()}
+
+
+def _run_one(ws: Workspace, state: State, stage: int, req) -> StageOutcome:
+    try:
+        outcome = STAGE_RUNNERS[stage](ws, req, state)
+    except InputError as exc:  # the request or the reference is at fault: retrying cannot help
+        return StageOutcome("blocked", str(exc))
+    except Exception as exc:  # an environment failure (memory, a crashed subprocess): worth a retry
+        return StageOutcome("failed", f"{type(exc).__name__}: {exc}", retryable=True)
+    if outcome.status != "completed":
+        return outcome
+    if stage == 1:
+        digest = sha256_file(ws.path("SPEC.md"))
+        if state.spec_hash and state.spec_hash != digest:
+            state.amend_spec(digest, reason="stage 1 re-run changed SPEC.md",
+                             artifacts=_hashes(ws, outcome.artifacts))
+        else:
+            state.freeze_spec(digest)
+    gates = run_gates(ws, stage, state)
+    events.log_event(ws.root, "gates", stage=stage, results=[{k: g[k] for k in ("id", "passed", "message")}
+                                                              for g in gates])
+    bad = blocking_failures(gates)
+    if bad:
+        return StageOutcome("failed", "gate " + "; ".join(f"{g['id']}: {g['message']}" for g in bad),
+                            artifacts=outcome.artifacts, details={"gates": gates})
+    outcome.details["gates"] = gates
+    return outcome
+
+
+def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progress | None = None) -> State:
+    """Run the pending stages (or one stage) and return the final state."""
+    root = Path(ws_dir)
+    note = progress or (lambda *a: None)
+    with workspace_lock(root):
+        state = load_state(root)
+        ws = Workspace(root, state.op_name)
+        if only is not None:
+            for k in range(1, only):
+                if state.stages[k].status not in ("completed", "skipped"):
+                    raise InputError(f"stage {only}", f"needs stage {k} ({STAGES[k]}) completed first")
+            if state.stages[only].status in ("completed", "skipped", "failed") or state.terminal:
+                if only != 1:
+                    state.reset_from(only, reason=f"stage {only} re-run alone")
+                else:
+                    state.stages[1].status = "pending"
+                    state.terminal = None
+        elif state.terminal:
+            return state
+        req = ws.request()
+        events.log_event(root, "run", only=only)
+        while True:
+            stage = only if only is not None else state.next_stage()
+            if stage is None:
+                state.set_terminal("SUCCESS", "all seven stages completed or skipped")
+                save_state(root, state)
+                events.log_event(root, "terminal", status="SUCCESS")
+                break
+            try:
+                state.begin(stage)
+            except BudgetExceeded as exc:
+                state.set_terminal(BLOCKED_BY_STAGE[stage], str(exc))
+                save_state(root, state)
+                events.log_event(root, "terminal", status=state.terminal["status"], reason=str(exc))
+                break
+            save_state(root, state)
+            events.log_event(root, "stage_started", stage=stage, attempt=state.stages[stage].attempts)
+            note("start", stage, STAGES[stage])
+            outcome = _run_one(ws, state, stage, req)
+            if outcome.status == "completed":
+                state.complete(stage, _hashes(ws, outcome.artifacts))
+                snap = history.snapshot(root, stage, outcome.artifacts)
+                events.log_event(root, "stage_completed", stage=stage, reason=outcome.reason, snapshot=snap)
+            elif outcome.status == "skipped":
+                state.skip(stage, outcome.reason)
+                events.log_event(root, "stage_skipped", stage=stage, reason=outcome.reason)
+            else:
+                state.fail(stage, outcome.reason)
+                events.log_event(root, "stage_failed", stage=stage, reason=outcome.reason,
+                                 retryable=outcome.retryable)
+                if not (outcome.retryable and state.budget_left(stage) > 0):
+                    state.set_terminal(BLOCKED_BY_STAGE[stage], outcome.reason)
+                    events.log_event(root, "terminal", status=state.terminal["status"], reason=outcome.reason)
+            save_state(root, state)
+            note(outcome.status, stage, outcome.reason)
+            if state.terminal or only is not None:
+                break
+    return state
+
+
+def rollback(ws_dir: str | Path, to_stage: int) -> list[str]:
+    """Send `to_stage` and later back to pending, and put earlier stages' artifacts back as they were
+    when those stages completed. Returns the restored files."""
+    root = Path(ws_dir)
+    if to_stage not in STAGES:
+        raise InputError("--to", f"stage {to_stage} does not exist (1..7)")
+    with workspace_lock(root):
+        state = load_state(root)
+        restored = []
+        for k in range(1, to_stage):
+            snap = history.latest_snapshot(root, k)
+            if snap:
+                restored += history.restore(root, snap["dir"])
+        state.reset_from(to_stage, reason=f"rollback to stage {to_stage}")
+        save_state(root, state)
+        events.log_event(root, "rollback", to_stage=to_stage, restored=restored)
+    return restored

@@ -1,0 +1,74 @@
+"""The workspace: one folder per operator, and the names of the artifacts each stage writes in it."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opforge.errors import InputError
+from opforge.request import REQUEST_FILE, Request, load_request
+
+REQUEST_COPY = "request"  # the request as it was when the run started: the workspace needs nothing else
+
+
+@dataclass
+class Workspace:
+    root: Path
+    op: str
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    @property
+    def golden(self) -> str:
+        return f"{self.op}_golden.py"
+
+    @property
+    def impl(self) -> str:
+        return f"{self.op}_impl.py"
+
+    @property
+    def test(self) -> str:
+        return f"test_{self.op}.py"
+
+    def stage_artifacts(self, stage: int) -> list[str]:
+        """Files a stage owns (relative paths); they are hashed at completion and snapshotted."""
+        return {
+            1: ["SPEC.md", "spec.json"],
+            2: ["API_REPORT.md", "api_report.json"],
+            3: [self.golden],
+            4: ["DESIGN.md", "design.json"],
+            5: [self.impl, self.test, "README.md", "PRECISION.md", "precision.json"],
+            6: ["PRECISION.md", "precision.json"],
+            7: ["PERF.md", "perf.json", "perf.png", "README.md"],
+        }[stage]
+
+    def request(self) -> Request:
+        return load_request(self.root / REQUEST_COPY)
+
+
+@dataclass
+class StageOutcome:
+    """What a stage reports back to the runner."""
+
+    status: str  # completed | failed | skipped | blocked
+    reason: str = ""
+    artifacts: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    retryable: bool = False  # a deterministic stage that failed fails the same way again
+
+
+def copy_request(request_dir: Path, dest: Path) -> None:
+    """Copy request.yaml and every Python file beside it (the reference and what it imports)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(request_dir.iterdir()):
+        if f.is_file() and (f.name == REQUEST_FILE or f.suffix == ".py"):
+            shutil.copy2(f, dest / f.name)
+
+
+def find_workspace(ws_dir: str | Path) -> Path:
+    root = Path(ws_dir)
+    if not root.is_dir():
+        raise InputError(str(root), "workspace folder not found")
+    return root

@@ -1,0 +1,97 @@
+"""Stage 4, design: DESIGN.md and design.json — the fusion plan, tiling, loops, memory layout and the
+verification matrix the tests will run."""
+
+from __future__ import annotations
+
+import json
+
+from opforge.codegen.build import plan_request
+from opforge.codegen.plan import KernelPlan
+from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
+from opforge.orchestrator.workspace import StageOutcome, Workspace
+from opforge.request import Request
+from opforge.verify.cases import level0_cases, level1_cases
+
+
+def plan_summary(plan: KernelPlan) -> dict:
+    return {
+        "kernel": plan.name,
+        "reads": [{"name": a.name, "operand": "full" if a.full else "scalar"} for a in plan.inputs],
+        "writes": [{"name": o.name, "operand": "full" if o.full else "scalar",
+                    "when": "last program (after the reductions)" if o.in_epilogue else "every program"}
+                   for o in plan.outputs],
+        "statements": len(plan.body),
+        "reductions": [{"name": r.name, "kind": r.kind, "of": r.source} for r in plan.reductions],
+        "epilogue_statements": len(plan.epilogue),
+        "runtime_attributes": plan.attrs,
+        "eager_kernels_replaced": plan.eager_kernels,
+    }
+
+
+def _kernel_md(plan: KernelPlan) -> list[str]:
+    s = plan_summary(plan)
+    reads = ", ".join(f"{r['name']} ({r['operand']})" for r in s["reads"])
+    writes = ", ".join(f"{w['name']} ({w['operand']}, {w['when']})" for w in s["writes"])
+    lines = [f"### {plan.name} kernel", "", f"- reads {reads}, each once;", f"- writes {writes}, each once;",
+             f"- {s['statements']} fused statements replace {plan.eager_kernels} eager kernels;"]
+    if plan.reductions:
+        red = ", ".join(f"{r['kind']}({r['of']}) → {r['name']}" for r in s["reductions"])
+        lines += [f"- full reductions in the same pass: {red}. Each block reduces its share in registers; "
+                  "the shares meet in float32 accumulators (atomics) or, deterministic, in a per-program "
+                  "partials buffer that the last program sums in program order. An acq_rel ticket counter "
+                  "tells a program whether it is the last; that program runs the "
+                  f"{s['epilogue_statements']}-statement scalar epilogue and stores the reduced outputs."]
+    lines.append("")
+    return lines
+
+
+def run(ws: Workspace, req: Request, state) -> StageOutcome:
+    spec = json.loads(ws.path("spec.json").read_text())
+    build = plan_request(req)
+    l0 = level0_cases(spec["supported_dtypes"], spec["p0_shapes"])
+    l1 = level1_cases(spec["supported_dtypes"], spec["dynamic_axes"],
+                      {k: spec["default_params"][k] for k in spec["runtime_params"]})
+    design = {"op_name": req.name, "kernels": [plan_summary(build.forward)] +
+              ([plan_summary(build.backward)] if build.backward else []),
+              "tiling": {"BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)",
+                         "interpreter_BLOCK": 32768},
+              "verification": {"level0": l0, "level1": l1}}
+    lines = [f"# Design: {req.name}", "", "## Compute graph", "",
+             "The forward graph and the joint forward+backward graph traced from the reference "
+             "(SPEC.md shows both). Views and detaches are free; every other node is one eager kernel.", "",
+             "## Fusion plan", "",
+             f"{len(design['kernels'])} kernel(s): one per pass, the fewest that respect the reductions — a full "
+             "reduction does not block fusion because its result is only used by scalar work, which runs once "
+             "in the last program.", ""]
+    lines += _kernel_md(build.forward)
+    if build.backward:
+        lines += _kernel_md(build.backward)
+        lines += ["The backward kernel recomputes the forward values it needs from the inputs instead of "
+                  "loading saved intermediates: recomputing costs a few flops per element, saving would cost a "
+                  "full-size write in the forward and a read in the backward.", ""]
+    lines += ["## Tiling and loops", "",
+              "- 1-D grid of `cdiv(n_elements, BLOCK)` programs (at least one, so an empty tensor still "
+              "finishes its reductions); `BLOCK` = 1024 elements and 4 warps on GPUs, 32768 in the "
+              "interpreter.",
+              "- No loop in the main body: each program handles one block. The ordered partial sum loops over "
+              "programs in steps of `RBLOCK` = 1024.", "",
+              "## Memory layout", "",
+              "- Inputs are contiguous (made so at launch) and walked as one flat range; per-tensor scalars "
+              "are one load per program.",
+              "- Offsets are int64. Compute is float32; stores round to the output dtype to nearest even.",
+              "- Accumulators are float32 whatever the dtype.", "",
+              "## Verification matrix", "",
+              f"Level 0: {len(l0)} cases (every SPEC dtype × every p0 shape). Level 1: {len(l1)} cases.", "",
+              "| id | level | dtype | binding | distribution | breakers |", "|---|---|---|---|---|---|"]
+    for c in l0 + l1:
+        br = ", ".join(k for k in ("edges", "nonfinite") if c.get(k))
+        br = ", ".join(x for x in (br, c.get("scalars") or "", "attrs" if c.get("attrs") else "") if x)
+        lines.append(f"| {c['id']} | {c['level']} | {c['dtype']} | {c['binding']} | {c['distribution']} | "
+                     f"{br or '—'} |")
+    lines += ["", "Also: outputs never alias inputs; two calls with different inputs give different outputs; "
+                  "deterministic backward is bit-reproducible; `torch.library.opcheck`; "
+                  "`torch.compile(fullgraph=True)`.", ""]
+    write_json_atomic(ws.path("design.json"), design)
+    write_text_atomic(ws.path("DESIGN.md"), "\n".join(lines))
+    return StageOutcome("completed", f"{len(design['kernels'])} kernel(s), {len(l0)}+{len(l1)} verification cases",
+                        artifacts=["DESIGN.md", "design.json"])

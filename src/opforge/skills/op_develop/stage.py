@@ -1,0 +1,128 @@
+"""Stage 5, develop: the impl (Triton kernels + torch.library op), its tests, its README; then the tests
+run in a fresh pytest process and their per-case metrics become PRECISION.md and precision.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from string import Template
+
+from opforge.codegen.build import generate_impl, plan_request
+from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
+from opforge.orchestrator.workspace import StageOutcome, Workspace
+from opforge.request import Request
+from opforge.verify.cases import RECORD_ENV, read_records
+
+TEST_TEMPLATE = Path(__file__).with_name("test_template.py")
+RECORDS = ".precision_records.jsonl"
+PYTEST_TIMEOUT_S = 1800
+
+
+def render_tests(ws: Workspace, spec: dict, design: dict) -> str:
+    return Template(TEST_TEMPLATE.read_text()).substitute(
+        op=spec["op_name"], dtypes=repr(spec["supported_dtypes"]), p0=repr(spec["p0_shapes"]),
+        tolerance=repr(spec["tolerance"]), exact=repr(spec["exact_outputs"]),
+        reduced=repr(spec["reduced_outputs"]), backward=repr(bool(spec["backward"])),
+        level0=repr(design["verification"]["level0"]), level1=repr(design["verification"]["level1"]),
+        symbols=repr(spec["dynamic_axes"]), runtime_attrs=repr(spec["runtime_params"]))
+
+
+def render_readme(req: Request, spec: dict, precision: dict | None, perf: dict | None = None) -> str:
+    op = req.name
+    args = ", ".join(s.name for s in req.inputs)
+    lines = [f"# {op}", "", req.description + ".", "", "## Use", "", "```python",
+             f"from {op}_impl import {op}", "", f"out = {op}({args})  # attributes: " +
+             (", ".join(f"{k}={v!r}" for k, v in spec["default_params"].items()) or "none"),
+             "```", "",
+             f"`{op}` is `torch.ops.opforge.{op}` (a `torch.library.custom_op` with fake and autograd "
+             "registrations): it works under `torch.compile(fullgraph=True)` and passes `opcheck`. "
+             "`deterministic=True` makes the backward's reductions bit-reproducible.", "",
+             "## Constraints", "",
+             f"- dtypes: {', '.join(spec['supported_dtypes'])}; compute in float32.",
+             "- inputs: " + ", ".join(f"{s['name']} {tuple(s['shape'])}" for s in spec["inputs"]) +
+             "; any sizes (shapes are run-time arguments).",
+             "- On a machine without a GPU the kernels run in Triton's interpreter (correct, not fast).", "",
+             "## Measured", ""]
+    if precision:
+        s = precision["summary"]
+        lines.append(f"- Precision: {s['passed']}/{s['total']} cases passed (PRECISION.md); bit-exact outputs: "
+                     f"{', '.join(spec['exact_outputs']) or 'none'}.")
+    if perf:
+        lines.append(f"- Performance: {perf.get('headline', 'see PERF.md')}")
+    lines += ["", "Tests: `pytest` in this folder.", ""]
+    return "\n".join(lines)
+
+
+def run_tests(ws: Workspace) -> tuple[int, str, list[dict]]:
+    rec = ws.path(RECORDS)
+    rec.unlink(missing_ok=True)
+    env = {**os.environ, RECORD_ENV: str(rec)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "--no-header",
+                           "-o", "addopts=", ws.test], cwd=ws.root, env=env, capture_output=True, text=True,
+                          timeout=PYTEST_TIMEOUT_S)
+    records = read_records(rec)
+    rec.unlink(missing_ok=True)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode, tail[-1] if tail else "", records
+
+
+def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> dict:
+    total = len(records)
+    passed = sum(r["passed"] for r in records)
+    worst = {}
+    for r in records:
+        for o in r["outputs"]:
+            if o["name"] == "no_alias":
+                continue
+            w = worst.setdefault(o["name"], {"max_abs": 0.0, "max_ulp": 0, "exact_cases": 0, "cases": 0})
+            w["cases"] += 1
+            w["exact_cases"] += int(bool(o.get("exact")))
+            w["max_abs"] = max(w["max_abs"], float(o.get("max_abs") or 0.0))
+            w["max_ulp"] = max(w["max_ulp"], int(o.get("max_ulp") or 0))
+    return {"summary": {"total": total, "passed": passed, "failed": total - passed, "pytest_rc": pytest_rc,
+                        "pytest": pytest_line, "all_passed": pytest_rc == 0 and passed == total and total > 0},
+            "per_output": worst, "cases": records}
+
+
+def render_precision(op: str, report: dict) -> str:
+    s = report["summary"]
+    lines = [f"# Precision: {op}", "", f"pytest: `{s['pytest']}` (exit {s['pytest_rc']}). "
+             f"Cases: {s['passed']}/{s['total']} passed.", "", "## Per output (worst over all cases)", "",
+             "| output | cases | compared exactly | max abs error | max ULP |", "|---|---|---|---|---|"]
+    for name, w in report["per_output"].items():
+        lines.append(f"| {name} | {w['cases']} | {w['exact_cases']} | {w['max_abs']:.3g} | {w['max_ulp']} |")
+    lines += ["", "Exact outputs are compared bit for bit with the golden's float32 path; max abs / ULP are then "
+                  "against that path (0 means identical). Other outputs are against float64 truth.", "",
+              "## Cases", "", "| case | seed | passed | outputs (max abs) |", "|---|---|---|---|"]
+    for r in report["cases"]:
+        outs = ", ".join(f"{o['name']}={o.get('max_abs', 0):.2g}" for o in r["outputs"] if o["name"] != "no_alias")
+        lines.append(f"| {r['case']} | {r['seed']} | {'yes' if r['passed'] else '**no**'} | {outs} |")
+    failing = [r for r in report["cases"] if not r["passed"]]
+    if failing:
+        lines += ["", "## Failures", ""]
+        for r in failing[:10]:
+            for o in r["outputs"]:
+                if not o["passed"]:
+                    lines.append(f"- {r['case']} (seed {r['seed']}) {o['name']}: {o.get('mismatches')} mismatches, "
+                                 f"worst {o.get('worst', [])[:3]}")
+    return "\n".join(lines) + "\n"
+
+
+def run(ws: Workspace, req: Request, state) -> StageOutcome:
+    spec = json.loads(ws.path("spec.json").read_text())
+    design = json.loads(ws.path("design.json").read_text())
+    build = plan_request(req)
+    write_text_atomic(ws.path(ws.impl), generate_impl(req, build))
+    write_text_atomic(ws.path(ws.test), render_tests(ws, spec, design))
+    rc, line, records = run_tests(ws)
+    report = precision_report(records, rc, line)
+    write_json_atomic(ws.path("precision.json"), report)
+    write_text_atomic(ws.path("PRECISION.md"), render_precision(req.name, report))
+    write_text_atomic(ws.path("README.md"), render_readme(req, spec, report))
+    arts = [ws.impl, ws.test, "README.md", "PRECISION.md", "precision.json"]
+    ok = report["summary"]["all_passed"]
+    reason = f"tests: {line}" if ok else f"precision failed: {line}"
+    return StageOutcome("completed", reason, artifacts=arts, details={"precision_passed": ok})

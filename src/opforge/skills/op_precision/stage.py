@@ -1,0 +1,65 @@
+"""Stage 6, precision debug: runs only when stage 5's precision failed.
+
+It localises each failing output: the worst elements with their inputs (from the case records) and the
+ops on that output's path in the traced graph, inexact ones first — where a kernel engineer looks. The
+deterministic engine has no second lowering to try, so a failure here ends the run as BLOCKED_ACCURACY;
+an LLM engine would take the localisation as the summary of its next attempt.
+"""
+
+from __future__ import annotations
+
+import json
+
+from opforge.codegen.ops import OP_TABLE, op_name
+from opforge.codegen.trace import trace_request
+from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
+from opforge.orchestrator.workspace import StageOutcome, Workspace
+from opforge.request import Request
+
+
+def _path_ops(gm, index: int) -> list[dict]:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    seen, stack, ops = set(), [results[index]], []
+    while stack:
+        n = stack.pop()
+        if n in seen or not hasattr(n, "op"):
+            continue
+        seen.add(n)
+        if n.op == "call_function":
+            rule = OP_TABLE.get(op_name(n.target))
+            ops.append({"node": n.name, "op": op_name(n.target), "exact": bool(rule and rule.exact)})
+        stack.extend(n.all_input_nodes)
+    return sorted(ops, key=lambda o: o["exact"])
+
+
+def run(ws: Workspace, req: Request, state) -> StageOutcome:
+    report = json.loads(ws.path("precision.json").read_text())
+    s = report["summary"]
+    if s["all_passed"]:
+        return StageOutcome("skipped", f"stage 5 precision passed at once: {s['passed']}/{s['total']} cases")
+    traced = trace_request(req)
+    names = traced.output_names + [f"grad_{g}" for g in traced.grad_inputs]
+    failing: dict[str, list] = {}
+    for r in report["cases"]:
+        for o in r["outputs"]:
+            if not o["passed"] and o["name"] in names:
+                failing.setdefault(o["name"], []).append({"case": r["case"], "seed": r["seed"],
+                                                          "worst": o.get("worst", [])[:3]})
+    localisation = {}
+    for name, cases in failing.items():
+        idx = names.index(name)
+        gm = traced.forward if idx < len(traced.output_names) else traced.joint
+        localisation[name] = {"cases": cases[:5], "ops_on_path": _path_ops(gm, idx)}
+    report["localisation"] = localisation
+    write_json_atomic(ws.path("precision.json"), report)
+    md = ws.path("PRECISION.md").read_text() + "\n## Localisation (stage 6)\n\n"
+    for name, loc in localisation.items():
+        suspects = ", ".join(f"`{o['node']}` ({o['op']})" for o in loc["ops_on_path"] if not o["exact"]) or "none"
+        md += f"- **{name}**: failing in {len(loc['cases'])}+ case(s); inexact ops on its path: {suspects}.\n"
+    if not localisation:
+        md += f"- no output failed its comparison; the test run itself failed: `{s['pytest']}`\n"
+    write_text_atomic(ws.path("PRECISION.md"), md)
+    return StageOutcome("failed", f"precision failed ({s['failed']} of {s['total']} cases; {s['pytest']}); "
+                                  "the deterministic engine has no other lowering to try",
+                        artifacts=["PRECISION.md", "precision.json"], retryable=False)
