@@ -1,0 +1,175 @@
+"""The factory end to end: a built workspace, its artifacts and gates, defects the gates must catch,
+rollback, and the resume after a SIGKILL in stage 5."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import make_request
+from opforge.cli import app
+from opforge.orchestrator.events import read_events
+from opforge.orchestrator.gates import run_gates
+from opforge.orchestrator.state import load_state
+from opforge.orchestrator.workspace import Workspace
+
+OP = "qat_symmetric_per_tensor"
+
+
+def test_all_seven_stages(built_ws):
+    state = load_state(built_ws)
+    assert state.terminal["status"] == "SUCCESS"
+    assert [state.stages[k].status for k in range(1, 8)] == ["completed"] * 5 + ["skipped", "completed"]
+    assert "precision passed" in state.stages[6].reason
+    for f in ("SPEC.md", "API_REPORT.md", "api_report.json", f"{OP}_golden.py", "DESIGN.md", f"{OP}_impl.py",
+              f"test_{OP}.py", "README.md", "PRECISION.md", "precision.json", "PERF.md", "perf.json", "perf.png"):
+        assert (built_ws / f).stat().st_size > 0, f
+    prec = json.loads((built_ws / "precision.json").read_text())["summary"]
+    assert prec["all_passed"] and prec["total"] >= 40
+    perf = json.loads((built_ws / "perf.json").read_text())
+    assert "needs an accelerator" in perf["kernel_timing"]
+    api = json.loads((built_ws / "api_report.json").read_text())
+    fwd = api["cost"][0]["forward"]
+    assert fwd["fused_kernels"] == 1 and fwd["eager_kernels"] > 1 and fwd["fused_bytes"] < fwd["eager_bytes"]
+    spec = (built_ws / "SPEC.md").read_text()
+    assert spec.startswith("---\nschema_version: 1\n") and "## Dataflow" in spec
+
+
+def test_generated_impl_has_one_kernel_per_pass(built_ws):
+    src = (built_ws / f"{OP}_impl.py").read_text()
+    assert src.count("@triton.jit\ndef _qat") == 2
+    assert "golden" not in src.split('"""', 2)[2]
+
+
+def test_workspace_tests_run_with_plain_pytest(ws_copy):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                           "level1 and float32 or opcheck"], cwd=ws_copy, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_clean_workspace_passes_every_gate(built_ws):
+    state = load_state(built_ws)
+    ws = Workspace(built_ws, OP)
+    for stage in range(1, 8):
+        failed = [r for r in run_gates(ws, stage, state) if not r["passed"]]
+        assert not failed, (stage, failed)
+
+
+def _gate(ws, stage):
+    result = CliRunner().invoke(app, ["op", "gate", str(ws), "--stage", str(stage), "--json"])
+    data = json.loads(result.stdout)
+    return result.exit_code, {r["id"]: r for r in data["results"]}
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_gate_catches_test_file_dropping_a_dtype(ws_copy):
+    _edit(ws_copy / f"test_{OP}.py", "DTYPES = ['bfloat16', 'float16', 'float32']", "DTYPES = ['float32']")
+    code, res = _gate(ws_copy, 5)
+    assert code == 1 and not res["G5-TEST-COVERAGE"]["passed"]
+    assert "bfloat16" in res["G5-TEST-COVERAGE"]["message"]
+
+
+def test_gate_catches_level0_dropping_a_shape(ws_copy):
+    path = ws_copy / f"test_{OP}.py"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(line if not line.startswith("LEVEL0 = ") else "LEVEL0 = []" for line in lines))
+    code, res = _gate(ws_copy, 5)
+    assert code == 1 and "Level 0 lacks" in res["G5-TEST-COVERAGE"]["message"]
+
+
+def test_gate_catches_impl_importing_the_golden(ws_copy):
+    _edit(ws_copy / f"{OP}_impl.py", "import triton  # noqa: E402", f"import {OP}_golden  # noqa\nimport triton")
+    code, res = _gate(ws_copy, 5)
+    assert code == 1 and not res["G5-IMPL-SEPARATE"]["passed"]
+
+
+@pytest.mark.parametrize("cheat", [
+    "    return torch.round(weight / scale).clamp(qmin, qmax) * scale,\n",
+    "    out = weight * 1.0\n    return (out,)\n",
+    "    return (weight.clamp(qmin, qmax),)\n",
+])
+def test_gate_catches_torch_math_on_the_hot_path(ws_copy, cheat):
+    path = ws_copy / f"{OP}_impl.py"
+    text = path.read_text()
+    head = f"def {OP}_forward(weight, scale, eps, qmin, qmax, deterministic: bool = False):\n"
+    start = text.index(head) + len(head)
+    end = text.index("\n\n", start)
+    path.write_text(text[:start] + cheat + text[end:])
+    code, res = _gate(ws_copy, 5)
+    assert code == 1 and not res["G5-IMPL-TRITON-ONLY"]["passed"], res["G5-IMPL-TRITON-ONLY"]
+
+
+def test_gate_catches_golden_importing_the_impl(ws_copy):
+    _edit(ws_copy / f"{OP}_golden.py", "import torch\n", f"import torch\nfrom {OP}_impl import {OP}  # noqa\n")
+    code, res = _gate(ws_copy, 3)
+    assert code == 1 and not res["G3-GOLDEN-SEPARATE"]["passed"]
+
+
+def test_gate_catches_golden_that_does_not_import(ws_copy):
+    _edit(ws_copy / f"{OP}_golden.py", "import torch\n", "import torch\nraise SystemExit('no')\n")
+    code, res = _gate(ws_copy, 3)
+    assert code == 1 and not res["G3-GOLDEN-IMPORT"]["passed"]
+
+
+def test_spec_is_frozen(ws_copy):
+    _edit(ws_copy / "SPEC.md", "## Formula", "## Formula (edited)")
+    code, res = _gate(ws_copy, 4)
+    assert code == 1 and not res["C-SPEC-FROZEN"]["passed"]
+
+
+def test_rollback_then_resume_redoes_only_later_stages(ws_copy):
+    (ws_copy / "DESIGN.md").write_text("scribbled over")
+    result = CliRunner().invoke(app, ["op", "rollback", str(ws_copy), "--to", "5"])
+    assert result.exit_code == 0, result.output
+    assert "## Fusion plan" in (ws_copy / "DESIGN.md").read_text()  # restored from stage 4's snapshot
+    state = load_state(ws_copy)
+    assert state.stages[4].status == "completed" and state.stages[5].status == "pending"
+    assert state.rollbacks and state.rollbacks[-1]["to_stage"] == 5
+
+
+def test_sigkill_in_stage5_then_resume(tmp_path):
+    """Kill the whole run while stage 5 runs; the state file stays readable; resume skips stages 1-4."""
+    req = make_request(tmp_path / "req", p0=[{"N": 40, "M": 72}])
+    ws = tmp_path / "ws"
+    proc = subprocess.Popen([sys.executable, "-m", "opforge", "op", "run", str(req), "--out", str(ws), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    seen_stage5 = False
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (ws / ".orchestrator_state.json").exists():
+                state = load_state(ws)  # never unreadable, whenever we look
+                if state.stages[5].status == "in_progress" and (ws / f"{OP}_impl.py").exists():
+                    seen_stage5 = True
+                    time.sleep(1.0)  # let the test subprocess get going
+                    break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert seen_stage5, "the run never reached stage 5"
+    killed = load_state(ws)
+    assert killed.stages[5].status == "in_progress" and killed.terminal is None
+    assert [killed.stages[k].status for k in range(1, 5)] == ["completed"] * 4
+    n_events = len(read_events(ws))
+
+    result = CliRunner().invoke(app, ["op", "resume", str(ws), "--json"])
+    assert result.exit_code == 0, result.output
+    state = load_state(ws)
+    assert state.terminal["status"] == "SUCCESS"
+    assert [state.stages[k].attempts for k in range(1, 5)] == [1, 1, 1, 1]
+    assert state.stages[5].attempts == 2
+    restarted = [e["stage"] for e in read_events(ws)[n_events:] if e["kind"] == "stage_started"]
+    assert restarted == [5, 6, 7]
