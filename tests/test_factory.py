@@ -103,7 +103,8 @@ def test_gate_catches_impl_importing_the_golden(ws_copy):
 def test_gate_catches_torch_math_on_the_hot_path(ws_copy, cheat):
     path = ws_copy / f"{OP}_impl.py"
     text = path.read_text()
-    head = f"def {OP}_forward(weight, scale, eps, qmin, qmax, deterministic: bool = False):\n"
+    head = (f"def {OP}_forward(weight: torch.Tensor, scale: torch.Tensor, eps: float, qmin: float, qmax: float, "
+            "deterministic: bool = False):\n")
     start = text.index(head) + len(head)
     end = text.index("\n\n", start)
     path.write_text(text[:start] + cheat + text[end:])

@@ -1,7 +1,7 @@
 """Timing of reference paths: eager PyTorch and torch.compile, on the CPU or a GPU.
 
-CPU figures come from `torch.utils.benchmark.Timer.adaptive_autorange` (median and IQR over repeated
-blocks, warm-up included). On a GPU `triton.testing.do_bench` gives the median of CUDA-event timings with
+CPU figures come from `torch.utils.benchmark.Timer.blocked_autorange` (median and IQR over blocks of
+calls, sized to amortise timer overhead; bounded in time, unlike adaptive_autorange on tiny calls). On a GPU `triton.testing.do_bench` gives the median of CUDA-event timings with
 the L2 cache flushed before each repetition. Kernels under the Triton interpreter are never timed: the
 interpreter measures Python, not the kernel.
 """
@@ -15,8 +15,9 @@ import torch
 import torch.utils.benchmark as tbench
 
 
-def time_cpu(fn: Callable[[], object], min_run_time: float = 0.5) -> dict:
-    m = tbench.Timer(stmt="fn()", globals={"fn": fn}).adaptive_autorange(min_run_time=min_run_time)
+def time_cpu(fn: Callable[[], object], min_run_time: float = 0.3) -> dict:
+    fn()  # warm-up: first calls compile or allocate
+    m = tbench.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
     return {"median_ms": m.median * 1e3, "iqr_ms": m.iqr * 1e3, "runs": len(m.times), "timer": "cpu"}
 
 

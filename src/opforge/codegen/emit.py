@@ -169,7 +169,8 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     returns a tuple of the kernel's outputs.
     """
     full = [a for a in plan.inputs if a.full]
-    sig = ", ".join(tensor_args + list(runtime_attrs) + ["deterministic: bool = False"])
+    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in runtime_attrs] +
+                    ["deterministic: bool = False"])
     out = [f"def {fn_name}({sig}):"]
     b = out.append
     used = [a.name for a in plan.inputs]

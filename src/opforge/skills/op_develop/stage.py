@@ -117,12 +117,14 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     build = plan_request(req)
     write_text_atomic(ws.path(ws.impl), generate_impl(req, build))
     write_text_atomic(ws.path(ws.test), render_tests(ws, spec, design))
+    # plain `pytest` in the workspace must not collect the snapshots' copies of the test file
+    write_text_atomic(ws.path("conftest.py"), 'collect_ignore = ["history_version", "request"]\n')
     rc, line, records = run_tests(ws)
     report = precision_report(records, rc, line)
     write_json_atomic(ws.path("precision.json"), report)
     write_text_atomic(ws.path("PRECISION.md"), render_precision(req.name, report))
     write_text_atomic(ws.path("README.md"), render_readme(req, spec, report))
-    arts = [ws.impl, ws.test, "README.md", "PRECISION.md", "precision.json"]
+    arts = [ws.impl, ws.test, "conftest.py", "README.md", "PRECISION.md", "precision.json"]
     ok = report["summary"]["all_passed"]
     reason = f"tests: {line}" if ok else f"precision failed: {line}"
     return StageOutcome("completed", reason, artifacts=arts, details={"precision_passed": ok})
