@@ -1,0 +1,76 @@
+"""The verification engine: tolerances, metrics, inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from opforge.verify.inputs import edge_values, make_tensor, with_edges
+from opforge.verify.metrics import compare, ulp_distance
+from opforge.verify.tolerance import Tolerance, parse_dtype, tolerance_for
+
+
+def test_tolerance_defaults_overrides_and_reduction_scaling():
+    assert tolerance_for("bfloat16") == Tolerance(1e-5, 1.6e-2)
+    assert tolerance_for(torch.float32, {"float32": {"atol": 1e-3}}).atol == 1e-3
+    assert math.isclose(tolerance_for("float32", reduced_elems=10_000).atol, 1e-5 * 100)
+    with pytest.raises(ValueError, match="bfloat17"):
+        parse_dtype("bfloat17")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_ulp_distance(dtype):
+    one = torch.ones(1, dtype=dtype)
+    nxt = torch.nextafter(one.float(), torch.full((1,), 2.0)).to(dtype) if dtype == torch.float32 else \
+        (one.view(torch.int16) + 1).view(dtype)
+    assert ulp_distance(nxt, one).item() == 1
+    assert ulp_distance(torch.tensor([0.0], dtype=dtype), torch.tensor([-0.0], dtype=dtype)).item() == 0
+    assert ulp_distance(-nxt, -one).item() == 1
+
+
+def test_exact_mode_catches_one_ulp_that_tolerance_accepts():
+    t = torch.linspace(1, 2, 50)
+    a = t.clone()
+    a[17] = torch.nextafter(a[17], torch.tensor(3.0))
+    assert compare(a, t, tolerance_for("float32"))["passed"]
+    res = compare(a, t, Tolerance(0, 0, exact=True), inputs={"x": t * 10})
+    assert not res["passed"] and res["mismatches"] == 1
+    assert res["worst"][0]["index"] == [17] and res["worst"][0]["inputs"]["x"] == pytest.approx(float(t[17] * 10))
+
+
+def test_nan_and_inf_handling():
+    t = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+    assert compare(t.clone(), t, Tolerance(1e-5, 1e-5))["passed"]
+    bad = torch.tensor([1.0, 0.0, float("inf"), float("nan")])
+    res = compare(bad, t, Tolerance(1e-5, 1e-5))
+    assert not res["passed"] and res["mismatches"] == 2 and res["nan_mismatch"] == 2
+    assert math.isfinite(res["max_abs"])
+    neg = compare(torch.tensor([-float("inf")]), torch.tensor([float("inf")]), Tolerance(1, 1))
+    assert not neg["passed"]
+
+
+def test_shape_mismatch_and_empty():
+    assert not compare(torch.zeros(2, 3), torch.zeros(3, 2), Tolerance(1, 1))["passed"]
+    assert compare(torch.zeros(0, 3), torch.zeros(0, 3), Tolerance(0, 0, exact=True))["passed"]
+
+
+@pytest.mark.parametrize("dist", ["uniform_small", "uniform_large", "normal", "outliers"])
+def test_distributions_are_seeded(dist):
+    a = make_tensor((64, 64), torch.float32, seed=1, distribution=dist)
+    assert torch.equal(a, make_tensor((64, 64), torch.float32, seed=1, distribution=dist))
+    assert not torch.equal(a, make_tensor((64, 64), torch.float32, seed=2, distribution=dist))
+    if dist == "uniform_small":
+        assert a.abs().max() <= 1
+    if dist == "outliers":
+        assert a.abs().max() > 100
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_edge_values_are_representable(dtype):
+    e = edge_values(dtype)
+    assert torch.equal(e.to(dtype).double(), e)
+    assert 2.5 in e.tolist() and (e == 0).sum() == 2
+    t = with_edges(torch.zeros(100, dtype=dtype), e, seed=3)
+    assert (t == 2.5).sum() == 1
