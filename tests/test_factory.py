@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
+from conftest import make_request
 from typer.testing import CliRunner
 
-from conftest import make_request
 from opforge.cli import app
 from opforge.orchestrator.events import read_events
 from opforge.orchestrator.gates import run_gates

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import make_request
+
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.request import load_request
 

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import make_request
 from typer.testing import CliRunner
 
-from conftest import make_request
 from opforge.cli import app
 
 CASES = {

@@ -18,7 +18,8 @@ from opforge.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Verified, fused Triton operators for PyTorch.")
-op_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, help="The operator factory: request -> seven gated stages -> kernel.")
+op_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                     help="The operator factory: request -> seven gated stages -> kernel.")
 app.add_typer(op_app, name="op")
 
 console = Console(stderr=True)

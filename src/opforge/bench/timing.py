@@ -1,7 +1,8 @@
 """Timing of reference paths: eager PyTorch and torch.compile, on the CPU or a GPU.
 
 CPU figures come from `torch.utils.benchmark.Timer.blocked_autorange` (median and IQR over blocks of
-calls, sized to amortise timer overhead; bounded in time, unlike adaptive_autorange on tiny calls). On a GPU `triton.testing.do_bench` gives the median of CUDA-event timings with
+calls, sized to amortise timer overhead; bounded in time, unlike adaptive_autorange on tiny calls).
+On a GPU `triton.testing.do_bench` gives the median of CUDA-event timings with
 the L2 cache flushed before each repetition. Kernels under the Triton interpreter are never timed: the
 interpreter measures Python, not the kernel.
 """

@@ -305,6 +305,7 @@ def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, det
     Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}. Float attributes are run-time
     arguments. deterministic=True makes reductions bit-reproducible run to run (ordered partials).
     """
-{fixed_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)}, bool(deterministic))
+{fixed_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)},
+        {' ' * len(op)}bool(deterministic))
 ''')
     return "".join(parts)

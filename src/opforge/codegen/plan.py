@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from opforge.codegen.ops import CONSTANT, OP_TABLE, POINTWISE, REDUCE_KIND, REDUCTION, VIEW, op_name
+from opforge.codegen.ops import CONSTANT, OP_TABLE, REDUCE_KIND, REDUCTION, VIEW, op_name
 from opforge.codegen.trace import AttrRef
 
 

@@ -18,8 +18,15 @@ from opforge.errors import InputError
 from opforge.orchestrator import events, history
 from opforge.orchestrator.atomic import sha256_file, workspace_lock
 from opforge.orchestrator.gates import blocking_failures, run_gates
-from opforge.orchestrator.state import (BLOCKED_BY_STAGE, STAGES, STATE_FILE, BudgetExceeded, State,
-                                        load_state, save_state)
+from opforge.orchestrator.state import (
+    BLOCKED_BY_STAGE,
+    STAGES,
+    STATE_FILE,
+    BudgetExceeded,
+    State,
+    load_state,
+    save_state,
+)
 from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace, copy_request
 from opforge.request import load_request
 from opforge.skills.op_api import stage as s2

@@ -55,7 +55,7 @@ def compare(actual: torch.Tensor, truth: torch.Tensor, tol: Tolerance, *, inputs
         bad = ~(same_bits | (a_nan & t_nan) | ((a == t) & ~finite))
     else:
         bad = (finite & (err > tol.atol + tol.rtol * t.abs())) | nan_bad | inf_bad
-    fa, ft, fe = a[finite], t[finite], err[finite]
+    ft, fe = t[finite], err[finite]
     rel = torch.where(ft != 0, fe / ft.abs(), fe)
     ulp = ulp_distance(actual.detach().cpu()[finite], truth.detach().cpu().to(actual.dtype)[finite])
     mean_t = ft.abs().mean() if ft.numel() else torch.tensor(0.0)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 
 from opforge.codegen.build import numel_of, plan_request
+from opforge.codegen.graph_text import eager_cost
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
-from opforge.codegen.graph_text import eager_cost
 from opforge.codegen.trace import trace_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace

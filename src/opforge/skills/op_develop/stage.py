@@ -16,7 +16,7 @@ from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 from opforge.verify.cases import RECORD_ENV, read_records
 
-TEST_TEMPLATE = Path(__file__).with_name("test_template.py")
+TEST_TEMPLATE = Path(__file__).with_name("test.py.tmpl")
 RECORDS = ".precision_records.jsonl"
 PYTEST_TIMEOUT_S = 1800
 

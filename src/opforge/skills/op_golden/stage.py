@@ -10,7 +10,7 @@ from opforge.orchestrator.atomic import write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 
-TEMPLATE = Path(__file__).with_name("golden_template.py")
+TEMPLATE = Path(__file__).with_name("golden.py.tmpl")
 
 
 def render_golden(req: Request, spec: dict) -> str:

@@ -129,7 +129,8 @@ def _md(req: Request, perf: dict) -> str:
             c = r["cost"].get(p)
             if c:
                 lines.append(f"| {r['binding']} | {r['dtype']} | {p} | {c['eager_kernels']} | {c['fused_kernels']} | "
-                             f"{c['eager_bytes']:,} | {c['fused_bytes']:,} | {c['eager_bytes'] / c['fused_bytes']:.1f}× |")
+                             f"{c['eager_bytes']:,} | {c['fused_bytes']:,} | "
+                             f"{c['eager_bytes'] / c['fused_bytes']:.1f}× |")
     lines += ["", "For memory-bound kernels the byte ratio bounds the speedup over eager from above once "
                   "launch overhead is amortised.", "", "## Tuning history", "",
               f"{perf['tuning']['rounds']} rounds. {perf['tuning']['reason']}", "", "![perf](perf.png)", ""]
