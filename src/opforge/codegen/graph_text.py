@@ -28,11 +28,12 @@ def _arg(a, names) -> str:
     return str(a)
 
 
-def _shape(node) -> str:
+def _shape(node, sym_names: dict | None = None) -> str:
     val = node.meta.get("val")
     if val is None or not hasattr(val, "shape"):
         return ""
-    return "(" + ", ".join(str(d) for d in val.shape) + ")"
+    names = {str(k): v for k, v in (sym_names or {}).items()}
+    return "(" + ", ".join(names.get(str(d), str(d)) for d in val.shape) + ")"
 
 
 def readable_names(gm: torch.fx.GraphModule, input_names: list[str]) -> dict:
@@ -69,33 +70,31 @@ def formula_lines(gm: torch.fx.GraphModule, input_names: list[str], output_names
     return lines
 
 
-def dataflow_ascii(gm: torch.fx.GraphModule, input_names: list[str], output_names: list[str]) -> str:
-    """One line per computed value: what it is, what it reads, its shape."""
+def dataflow_ascii(gm: torch.fx.GraphModule, input_names: list[str], output_names: list[str],
+                   sym_names: dict | None = None) -> str:
+    """One line per value in graph order: inputs (○), computed (▸), reduced (Σ), outputs (◆)."""
     names = readable_names(gm, input_names)
     rows = []
     for n in gm.graph.nodes:
         if n.op == "placeholder":
-            rows.append(("in", names[n], "", _shape(n)))
+            rows.append(("in", names[n], "input", _shape(n, sym_names)))
         elif n.op == "call_function" and n not in names:
             base = op_name(n.target).split(".")[1]
             reads = ", ".join(_arg(a, names) for a in n.args if not isinstance(a, (list, tuple)))
             kind = "Σ" if OP_TABLE.get(op_name(n.target)) and OP_TABLE[op_name(n.target)].kind == REDUCTION \
                 else "▸"
-            rows.append((kind, n.name, f"{base}({reads})", _shape(n)))
+            rows.append((kind, n.name, f"{base}({reads})", _shape(n, sym_names)))
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
     for name, r in zip(output_names, results):
-        rows.append(("out", name, f"= {_arg(r, names)}", _shape(r) if isinstance(r, torch.fx.Node) else ""))
+        rows.append(("out", name, f"= {_arg(r, names)}", _shape(r, sym_names) if isinstance(r, torch.fx.Node) else ""))
     w_name = max(len(r[1]) for r in rows)
     w_expr = max(len(r[2]) for r in rows)
     lines = []
     for i, (kind, name, expr, shape) in enumerate(rows):
-        if kind == "in":
-            lines.append(f"{name:>{w_name}} {shape:<}".rstrip() + " ──┐")
-            continue
-        rail = "└─" if i == len(rows) - 1 else "├─"
-        mark = {"Σ": "Σ", "▸": "▸", "out": "◆"}[kind]
-        lines.append(f"{'':>{w_name}}    {rail}{mark} {name:<{w_name}} {expr:<{w_expr}}  {shape}".rstrip())
+        rail = "┌─" if i == 0 else ("└─" if i == len(rows) - 1 else "├─")
+        mark = {"in": "○", "Σ": "Σ", "▸": "▸", "out": "◆"}[kind]
+        lines.append(f"{rail}{mark} {name:<{w_name}} {expr:<{w_expr}}  {shape}".rstrip())
     return "\n".join(lines)
 
 

@@ -178,7 +178,7 @@ def check_api(ws, state):
 
 
 def check_golden_import(ws, state):
-    path = ws.path(ws.golden)
+    path = ws.path(ws.golden).resolve()
     if not path.exists():
         return f"{ws.golden} is missing"
     code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('g', sys.argv[1]); "

@@ -102,7 +102,7 @@ def _run_one(ws: Workspace, state: State, stage: int, req) -> StageOutcome:
 
 def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progress | None = None) -> State:
     """Run the pending stages (or one stage) and return the final state."""
-    root = Path(ws_dir)
+    root = Path(ws_dir).resolve()
     note = progress or (lambda *a: None)
     with workspace_lock(root):
         state = load_state(root)

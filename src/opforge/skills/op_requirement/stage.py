@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import yaml
 
+from opforge.codegen.build import symbol_map
 from opforge.codegen.graph_text import dataflow_ascii, formula_lines, output_traits
 from opforge.codegen.trace import trace_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
@@ -96,12 +97,14 @@ def render_spec(req: Request, spec: dict, traced) -> str:
               "- NaN and ±Inf propagate as they do through the reference, position by position.",
               "- Per-tensor scalars below a floor attribute take the floor, as the reference does "
               "(tested with scalars of 1e-6).", "",
-              "## Dataflow (traced forward graph)", "", "```", dataflow_ascii(traced.forward, ins, outs), "```",
+              "## Dataflow (traced forward graph)", "", "```",
+              dataflow_ascii(traced.forward, ins, outs, symbol_map(traced.forward, req)), "```",
               ""]
     if traced.joint is not None:
         grads = [f"grad_{g}" for g in traced.grad_inputs]
         lines += ["## Dataflow (traced joint forward + backward graph)", "", "```",
-                  dataflow_ascii(traced.joint, ins + [f"grad_{o}" for o in outs], outs + grads), "```", ""]
+                  dataflow_ascii(traced.joint, ins + [f"grad_{o}" for o in outs], outs + grads,
+                                 symbol_map(traced.joint, req)), "```", ""]
     lines += ["## Typical configurations", "", "| shape binding | elements |", "|---|---|"]
     for b in spec["p0_shapes"]:
         numel = 1
