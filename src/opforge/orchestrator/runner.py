@@ -47,11 +47,11 @@ def create_workspace(request_dir: str | Path, out_dir: str | Path, *, force: boo
     req = load_request(request_dir)
     trace_request(req)
     out = Path(out_dir)
-    if (out / STATE_FILE).exists():
-        raise InputError(str(out), "already an opforge workspace: use `opforge op resume`")
     if out.exists() and any(out.iterdir()):
         if not force:
-            raise InputError(str(out), "folder exists and is not empty (use --force to replace it)")
+            what = "already an opforge workspace: use `opforge op resume`" if (out / STATE_FILE).exists() \
+                else "folder exists and is not empty"
+            raise InputError(str(out), f"{what} (or --force to replace it)")
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
