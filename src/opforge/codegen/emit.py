@@ -276,8 +276,7 @@ def _({', '.join(inputs + grad_names)}{call_attrs}, deterministic):
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, = inputs[:{len(inputs)}]
-    ctx.save_for_backward(*tensors)
+    ctx.save_for_backward(*inputs[:{len(inputs)}])
     ctx.attrs = inputs[{len(inputs)}:{len(inputs) + len(runtime_attrs)}]
     ctx.deterministic = inputs[-1]
 

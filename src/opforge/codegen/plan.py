@@ -221,7 +221,8 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                                                                           "memory_format")}
         if key == "aten._to_copy.default":
             kwargs["dtype"] = str(node.kwargs.get("dtype"))
-        kwargs.pop("dtype", None) if rule.kind == CONSTANT else None
+        elif rule.kind == CONSTANT:
+            kwargs.pop("dtype", None)  # compute is float32 whatever dtype the constant was made in
         expr = rule.emit(*args, **kwargs)
         node_full = is_full(node)
         block = rule.kind != CONSTANT and any(full[s] for s in srcs)
