@@ -32,10 +32,6 @@ def _fail_input(exc: InputError) -> None:
     raise typer.Exit(2)
 
 
-def _state_json(state) -> dict:
-    return state.to_dict()
-
-
 def _status_table(state) -> Table:
     from opforge.orchestrator.state import STAGES
 
@@ -52,7 +48,7 @@ def _status_table(state) -> Table:
 
 def _finish(state, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(_state_json(state), indent=2))
+        typer.echo(json.dumps(state.to_dict(), indent=2))
     else:
         console.print(_status_table(state))
     term = (state.terminal or {}).get("status")
@@ -118,7 +114,7 @@ def op_status(ws_dir: Path = typer.Argument(...), as_json: bool = typer.Option(F
     except InputError as exc:
         _fail_input(exc)
     if as_json:
-        typer.echo(json.dumps(_state_json(state), indent=2))
+        typer.echo(json.dumps(state.to_dict(), indent=2))
     else:
         console.print(_status_table(state))
         if state.terminal:

@@ -161,7 +161,3 @@ def op_name(target) -> str:
     """'aten.add.Tensor' for torch.ops.aten.add.Tensor."""
     return str(target)
 
-
-def supported_table() -> list[dict]:
-    """The supported op set, for the docs and the API report."""
-    return [{"op": k, "kind": r.kind, "triton": r.primitive, "exact": r.exact} for k, r in sorted(OP_TABLE.items())]

@@ -6,7 +6,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, load_request
 
 REQUEST_COPY = "request"  # the request as it was when the run started: the workspace needs nothing else
@@ -66,9 +65,3 @@ def copy_request(request_dir: Path, dest: Path) -> None:
         if f.is_file() and (f.name == REQUEST_FILE or f.suffix == ".py"):
             shutil.copy2(f, dest / f.name)
 
-
-def find_workspace(ws_dir: str | Path) -> Path:
-    root = Path(ws_dir)
-    if not root.is_dir():
-        raise InputError(str(root), "workspace folder not found")
-    return root

@@ -88,9 +88,3 @@ def compare(actual: torch.Tensor, truth: torch.Tensor, tol: Tolerance, *, inputs
     res["worst"] = worst
     return res
 
-
-def summarize(results: list[dict]) -> dict:
-    return {"total": len(results), "passed": sum(r["passed"] for r in results),
-            "failed": sum(not r["passed"] for r in results),
-            "max_abs": max((r.get("max_abs", 0.0) for r in results), default=0.0),
-            "max_rel": max((r.get("max_rel", 0.0) for r in results), default=0.0)}
