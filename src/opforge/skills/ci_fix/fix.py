@@ -1,0 +1,449 @@
+"""ci-fix: run the linters on the files a change touched, apply only whitelisted fixes, prove each step kept
+behaviour, and list what is left.
+
+Each file goes through rounds of steps until a round changes nothing: ruff's safe fixes (one non-overlapping
+batch per step), the formatter, then codespell's typo fixes. Every step is proven against the text before
+it; a step that fails its proof is split, and the fixes that fail alone are excluded and reported. The file
+is written once, atomically, at the end (never with --dry-run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from opforge.errors import InputError
+from opforge.orchestrator.atomic import write_bytes_atomic
+from opforge.skills.ci_fix import gitrepo, proof
+from opforge.skills.ci_fix.edits import Block, Text, apply_blocks, diff_blocks, overlaps, remap_lines, runs
+from opforge.skills.ci_fix.linters import Diagnostic, Linters, Typo
+from opforge.skills.ci_fix.regions import c_regions, doc_regions, kind_at, python_regions, split_lines
+from opforge.skills.ci_fix.whitelist import Whitelist, load_whitelist
+
+PYTHON = {".py", ".pyi"}
+C_CPP = {".c", ".h", ".cc", ".cpp", ".cxx", ".c++", ".hh", ".hpp", ".hxx", ".h++", ".inl", ".ipp", ".cu", ".cuh"}
+MAX_ROUNDS = 4
+MAX_ITERATIONS = 12
+WORD = r"[\w\-'’]"
+FORMAT_REASON = "formatting only: whitespace and layout, proven not to change the {what}"
+
+
+@dataclass
+class Fix:
+    file: str
+    step: int
+    block: int
+    tool: str
+    rule: str
+    reason: str
+    message: str
+    edit: Block
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "step": self.step, "block": self.block, "tool": self.tool, "rule": self.rule,
+                "reason": self.reason, "message": self.message, **self.edit.to_dict()}
+
+
+@dataclass
+class Residual:
+    file: str
+    line: int
+    tool: str
+    rule: str
+    message: str
+    why: str
+
+    def to_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass
+class Job:
+    rel: str
+    path: Path
+    lang: str                                   # python | c | doc
+    original: str
+    changed: set[int] | None
+    text: str = ""
+    steps: list[dict] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list)
+    excluded: dict[tuple, str] = field(default_factory=dict)
+    format_off: str | None = None
+
+    def __post_init__(self):
+        self.text = self.original
+
+    def in_change(self, first: int, last: int | None = None) -> bool:
+        return self.changed is None or any(r in self.changed for r in range(first, (last or first) + 1))
+
+    def commit_step(self, tool: str, new_text: str, blocks: list[Block], records: list[list[tuple]]) -> None:
+        """Record a proven step: `records[i]` lists (rule, reason, message) for the fixes behind blocks[i]."""
+        step = len(self.steps)
+        self.steps.append({"step": step, "tool": tool, "blocks": [b.to_dict() for b in blocks]})
+        for bi, (b, recs) in enumerate(zip(blocks, records)):
+            for rule, reason, message in recs:
+                self.fixes.append(Fix(self.rel, step, bi, tool, rule, reason, message, b))
+        if self.changed is not None:
+            self.changed = remap_lines(self.changed, self.text, new_text)
+        self.text = new_text
+
+
+def _lang(rel: str, wl: Whitelist) -> str | None:
+    suffix = Path(rel).suffix.lower()
+    if suffix in PYTHON:
+        return "python"
+    if suffix in C_CPP:
+        return "c"
+    if suffix in wl.docs:
+        return "doc"
+    return None
+
+
+def _ruff_key(d: Diagnostic, text: str) -> tuple:
+    lines = split_lines(text)
+    return ("ruff", d.code, d.message, lines[d.row - 1].strip() if 0 < d.row <= len(lines) else "")
+
+
+def _ruff_allowed(d: Diagnostic, job: Job, wl: Whitelist) -> bool:
+    if not d.fix or d.fix.get("applicability") != "safe" or not wl.ruff_reason(d.code):
+        return False
+    return not (d.code == "F401" and Path(job.rel).name in wl.reexport_files)
+
+
+def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
+    """Apply one batch of non-overlapping whitelisted safe fixes; False when there is nothing left to apply."""
+    diags = lint.ruff_check(job.rel, job.text)
+    t = Text(job.text)
+    chosen: list[tuple[Block, list[Diagnostic]]] = []
+    for d in diags:
+        if not _ruff_allowed(d, job, wl) or _ruff_key(d, job.text) in job.excluded:
+            continue
+        edits = [(t.offset(e["location"]["row"], e["location"]["column"] - 1),
+                  t.offset(e["end_location"]["row"], e["end_location"]["column"] - 1), e["content"])
+                 for e in d.fix["edits"]]
+        if not edits:
+            continue
+        block = t.block(edits)
+        if not job.in_change(block.line, block.last) and not job.in_change(d.row, d.end_row):
+            continue
+        same = next((c for c in chosen if c[0] == block), None)
+        if same:
+            same[1].append(d)             # ruff gives one shared edit to each name of `import a, b`
+        elif not any(overlaps(block, c[0]) for c in chosen):
+            chosen.append((block, [d]))
+    if not chosen:
+        return False
+
+    def prove(group):
+        new = apply_blocks(job.text, [b for b, _ in group])
+        ds = [d for _, dd in group for d in dd]
+        removed = {(d.row, d.col - 1) for d in ds if d.code == "F401"}
+        return new, proof.prove_python(job.text, new, removed, any(d.code == "I001" for d in ds))
+
+    new, why = prove(chosen)
+    if why:
+        for group in chosen:
+            _, alone = prove([group])
+            for d in group[1]:
+                job.excluded[_ruff_key(d, job.text)] = f"reverted: {alone or why}"
+        return True
+    job.commit_step("ruff", new, [b for b, _ in chosen],
+                    [[(d.code, wl.ruff_reason(d.code), d.message) for d in dd] for _, dd in chosen])
+    return True
+
+
+def _format_text(job: Job, lint: Linters, wl: Whitelist, sort_includes: bool | None) -> str | None:
+    """The formatter's output for the job's text (changed lines only when the job has them)."""
+    if job.lang == "python":
+        if job.changed is None:
+            return lint.ruff_format(job.rel, job.text)
+        new = job.text
+        for a, b in reversed(runs(job.changed)):
+            new = lint.ruff_format(job.rel, new, (a, b))
+            if new is None:
+                return None
+        return new
+    if job.changed is not None and not job.changed:
+        return job.text
+    reps = lint.clang_format(job.path, job.text, runs(job.changed) if job.changed is not None else None,
+                             sort_includes)
+    data = job.text.encode("utf-8")
+    for off, length, new in sorted(reps, reverse=True):
+        data = data[:off] + new.encode("utf-8") + data[off + length:]
+    return data.decode("utf-8")
+
+
+def _format_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
+    if job.format_off or (job.changed is not None and not job.changed):
+        return False
+    if job.lang == "python" and not wl.ruff_format or job.lang == "c" and not wl.clang_format:
+        return False
+    new = _format_text(job, lint, wl, None if wl.clang_format_sort_includes else False)
+    if new is None:
+        job.format_off = "ruff format cannot parse the file"
+        return False
+    if new == job.text:
+        return False
+    if job.lang == "python":
+        why = proof.prove_python(job.text, new)
+    else:
+        why = proof.prove_c(job.text, new)
+    if why:
+        job.format_off = f"reverted: {why}"
+        return False
+    tool = "ruff format" if job.lang == "python" else "clang-format"
+    what = "AST" if job.lang == "python" else "token stream"
+    blocks = diff_blocks(job.text, new)
+    job.commit_step(tool, new, blocks, [[("format", FORMAT_REASON.format(what=what), "reformatted")]] * len(blocks))
+    return True
+
+
+def _regions(job: Job, text: str):
+    if job.lang == "python":
+        return python_regions(text)
+    if job.lang == "c":
+        return c_regions(text)
+    return doc_regions(text)
+
+
+def _locate(line: str, wrong: str) -> list[int]:
+    cols = [m.start() for m in re.finditer(rf"(?<!{WORD}){re.escape(wrong)}(?!{WORD})", line)]
+    return cols or [m.start() for m in re.finditer(rf"\b{re.escape(wrong)}\b", line)]
+
+
+def _typo_places(job: Job, typos: list[Typo], text: str, wl: Whitelist) -> list[tuple[Typo, int, str]]:
+    """Each typo with its column and the kind of place it is in (comment, docstring, string, code, prose)."""
+    regions = _regions(job, text)
+    lines = split_lines(text)
+    seen: dict[tuple[int, str], int] = {}
+    out = []
+    for ty in typos:
+        line = lines[ty.row - 1] if 0 < ty.row <= len(lines) else ""
+        cols = _locate(line, ty.wrong)
+        k = seen.get((ty.row, ty.wrong), 0)
+        seen[(ty.row, ty.wrong)] = k + 1
+        if k >= len(cols):
+            out.append((ty, -1, "unlocated"))
+            continue
+        col = cols[k]
+        if regions is None:
+            kind = "unparsed"
+        else:
+            kind = kind_at(regions, ty.row, col, col + len(ty.wrong), "prose" if job.lang == "doc" else "code")
+        out.append((ty, col, kind))
+    return out
+
+
+def _typo_ok(kind: str, wl: Whitelist) -> bool:
+    return (kind == "comment" and wl.comments) or (kind == "docstring" and wl.docstrings) or kind == "prose"
+
+
+def _typo_key(ty: Typo, text: str) -> tuple:
+    lines = split_lines(text)
+    return ("codespell", ty.wrong, lines[ty.row - 1].strip() if 0 < ty.row <= len(lines) else "")
+
+
+def _codespell_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
+    typos = lint.codespell(job.rel, job.text)
+    t = Text(job.text)
+    by_row: dict[int, list[tuple[Typo, int, str]]] = {}
+    for ty, col, kind in _typo_places(job, typos, job.text, wl):
+        if (col < 0 or not ty.single or not _typo_ok(kind, wl) or not job.in_change(ty.row)
+                or _typo_key(ty, job.text) in job.excluded):
+            continue
+        by_row.setdefault(ty.row, []).append((ty, col, kind))
+    if not by_row:
+        return False
+    blocks, groups, records = [], [], []
+    for row, items in sorted(by_row.items()):
+        edits = [(t.offset(row, col), t.offset(row, col + len(ty.wrong)), ty.right) for ty, col, _ in items]
+        blocks.append(t.block(edits))
+        groups.append([ty for ty, _, _ in items])
+        records.append([(f"typo:{ty.wrong}", f"typo in a {kind}" if kind != "prose" else "typo in documentation",
+                         f"{ty.wrong} ==> {ty.right}") for ty, _, kind in items])
+
+    def prove(bs, tys):
+        new = apply_blocks(job.text, bs)
+        subs = {(ty.wrong, ty.right) for ty in tys}
+        if job.lang == "python":
+            return new, proof.prove_python(job.text, new, subs=subs)
+        if job.lang == "c":
+            return new, proof.prove_c(job.text, new)
+        return new, proof.prove_doc(job.text, new, subs)
+
+    new, why = prove(blocks, [ty for g in groups for ty in g])
+    if why:
+        for b, g in zip(blocks, groups):
+            _, alone = prove([b], g)
+            for ty in g:
+                job.excluded[_typo_key(ty, job.text)] = f"reverted: {alone or why}"
+        return True
+    job.commit_step("codespell", new, blocks, records)
+    return True
+
+
+def _process(job: Job, lint: Linters, wl: Whitelist) -> None:
+    for _ in range(MAX_ROUNDS):
+        before = len(job.steps)
+        if job.lang == "python":
+            for _ in range(MAX_ITERATIONS):
+                if not _ruff_step(job, lint, wl):
+                    break
+        if job.lang in ("python", "c"):
+            _format_step(job, lint, wl)
+        for _ in range(MAX_ITERATIONS):
+            if not _codespell_step(job, lint, wl):
+                break
+        if len(job.steps) == before:
+            break
+
+
+# residual ------------------------------------------------------------------------------------------------------
+
+def _ruff_why(d: Diagnostic, job: Job, wl: Whitelist) -> str:
+    if _ruff_key(d, job.text) in job.excluded:
+        return job.excluded[_ruff_key(d, job.text)]
+    if d.code == "F401" and Path(job.rel).name in wl.reexport_files:
+        return "unused import in a re-exporting module: it may be public API, so it is never removed automatically"
+    if not d.fix:
+        return "ruff offers no automatic fix"
+    applicability = d.fix.get("applicability")
+    if applicability != "safe":
+        return f"ruff's fix is {applicability}: never applied"
+    if not wl.ruff_reason(d.code):
+        return "the rule is not in the whitelist"
+    return "a whitelisted fix that did not converge"
+
+
+def _typo_why(ty: Typo, kind: str, job: Job, wl: Whitelist) -> str:
+    if _typo_key(ty, job.text) in job.excluded:
+        return job.excluded[_typo_key(ty, job.text)]
+    if not ty.single:
+        return f"several candidates ({ty.right}){': ' + ty.reason if ty.reason else ''}: needs a person"
+    return {"string": "inside a string literal, which is behaviour: never edited",
+            "code": "in code (an identifier): renaming changes behaviour",
+            "unlocated": "codespell's word could not be located on its line",
+            "unparsed": "the file does not parse, so a comment cannot be told from a string",
+            "docstring": "in a docstring, and docstring fixes are off in the whitelist",
+            "comment": "in a comment, and comment fixes are off in the whitelist",
+            "code_span": "inside code in a documentation file"}.get(kind, "inside code in a documentation file")
+
+
+def _residual(job: Job, lint: Linters, wl: Whitelist) -> list[Residual]:
+    out: list[Residual] = []
+    if job.lang == "python":
+        for d in lint.ruff_check(job.rel, job.text):
+            if job.in_change(d.row, d.end_row):
+                out.append(Residual(job.rel, d.row, "ruff", d.code, d.message, _ruff_why(d, job, wl)))
+    if (job.lang == "python" and wl.ruff_format) or (job.lang == "c" and wl.clang_format):
+        tool = "ruff format" if job.lang == "python" else "clang-format"
+        formatted = _format_text(job, lint, wl, None)
+        if formatted is None:
+            out.append(Residual(job.rel, 1, tool, "format", "cannot format",
+                                job.format_off or "ruff format cannot parse the file"))
+        elif formatted != job.text:
+            first = diff_blocks(job.text, formatted)[0].line
+            why = job.format_off
+            if not why and job.lang == "c" and not wl.clang_format_sort_includes:
+                why = "#include order: include sorting is not whitelisted (it can change what a file means)"
+            out.append(Residual(job.rel, first, tool, "format", "the file is not formatted",
+                                why or "formatting did not converge"))
+    for ty, _col, kind in _typo_places(job, lint.codespell(job.rel, job.text), job.text, wl):
+        if job.in_change(ty.row):
+            out.append(Residual(job.rel, ty.row, "codespell", f"typo:{ty.wrong}", f"{ty.wrong} ==> {ty.right}",
+                                _typo_why(ty, kind, job, wl)))
+    return out
+
+
+# the run -------------------------------------------------------------------------------------------------------
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def ci_fix(repo: Path, base: str = "HEAD", changed_lines: bool = False, dry_run: bool = False,
+           config: Path | None = None, commit: bool = False, report_dir: Path | None = None,
+           progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Fix the change in `repo` against `base`; returns the report (see report.py). Files under `report_dir`
+    (where the report goes) are not part of the change."""
+    if dry_run and commit:
+        raise InputError("--commit", "cannot commit a --dry-run")
+    wl = load_whitelist(config)
+    commands: list[dict] = []
+
+    def log(argv, rc, stdin=None):
+        commands.append({"command": shlex.join(str(a) for a in argv), "exit_code": rc,
+                         **({"stdin": f"current text of {stdin}"} if stdin else {})})
+
+    git = gitrepo.open_repo(Path(repo), log)
+    base_sha = gitrepo.fork_point(git, base)
+    changes = gitrepo.changed_files(git, base_sha, changed_lines)
+    lint = Linters(git.repo, log)
+    jobs, skipped = [], []
+    own = Path(report_dir).resolve() if report_dir is not None else None
+    for ch in changes:
+        if own is not None and (git.repo / ch.path).resolve().is_relative_to(own):
+            continue
+        lang = _lang(ch.path, wl)
+        if lang is None:
+            skipped.append({"file": ch.path, "why": "no linter for this kind of file"})
+            continue
+        try:
+            text = (git.repo / ch.path).read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            skipped.append({"file": ch.path, "why": "not UTF-8 text"})
+            continue
+        jobs.append(Job(ch.path, git.repo / ch.path, lang, text, ch.lines))
+    residual: list[Residual] = []
+    for i, job in enumerate(jobs):
+        if progress:
+            progress(job.rel, i, len(jobs))
+        _process(job, lint, wl)
+        residual += _residual(job, lint, wl)
+    if progress:
+        progress("", len(jobs), len(jobs))
+    edited = [j for j in jobs if j.text != j.original]
+    if not dry_run:
+        for j in edited:
+            write_bytes_atomic(j.path, j.text.encode("utf-8"))
+    commit_sha = None
+    fixes = [f for j in jobs for f in j.fixes]
+    if commit and edited:
+        commit_sha = gitrepo.commit(git, [j.rel for j in edited], commit_message(fixes, len(edited)))
+    return {
+        "repo": str(git.repo), "base": base, "base_commit": base_sha, "changed_lines_only": changed_lines,
+        "dry_run": dry_run, "commit": commit_sha, "whitelist": wl.to_dict(),
+        "files": [{"file": j.rel, "language": j.lang, "edited": j.text != j.original,
+                   "sha256_before": _sha(j.original), "sha256_after": _sha(j.text), "steps": j.steps}
+                  for j in jobs],
+        "skipped": skipped, "commands": commands,
+        "fixes": [f.to_dict() for f in fixes],
+        "residual": [r.to_dict() for r in residual],
+        "summary": _summary(jobs, fixes, residual, skipped),
+        "exit_code": 1 if residual else 0,
+    }
+
+
+def commit_message(fixes: list[Fix], n_files: int) -> str:
+    lines = [f"ci-fix: {len(fixes)} whitelisted fix(es) in {n_files} file(s)", ""]
+    for f in fixes:
+        lines.append(f"- {f.file}:{f.edit.line} {f.tool} {f.rule}: {f.message}")
+    return "\n".join(lines) + "\n"
+
+
+def _summary(jobs: list[Job], fixes: list[Fix], residual: list[Residual], skipped: list[dict]) -> dict:
+    by_rule: dict[str, int] = {}
+    for f in fixes:
+        key = f"{f.tool} {f.rule if not f.rule.startswith('typo:') else 'typo'}"
+        by_rule[key] = by_rule.get(key, 0) + 1
+    res_rule: dict[str, int] = {}
+    for r in residual:
+        key = f"{r.tool} {r.rule if not r.rule.startswith('typo:') else 'typo'}"
+        res_rule[key] = res_rule.get(key, 0) + 1
+    return {"files_checked": len(jobs), "files_edited": sum(j.text != j.original for j in jobs),
+            "files_skipped": len(skipped), "fixes": len(fixes), "residual": len(residual),
+            "fixes_by_rule": by_rule, "residual_by_rule": res_rule}
