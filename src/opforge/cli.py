@@ -15,12 +15,16 @@ from rich.console import Console
 from rich.table import Table
 
 from opforge.errors import InputError
+from opforge.hosts.cli import hooks_app, init_cmd, skills_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Verified, fused Triton operators for PyTorch.")
 op_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                      help="The operator factory: request -> seven gated stages -> kernel.")
 app.add_typer(op_app, name="op")
+app.add_typer(skills_app, name="skills")
+app.add_typer(hooks_app, name="hooks")
+app.command("init")(init_cmd)
 
 console = Console(stderr=True)
 INPUT_TERMINALS = ("BLOCKED_SPEC", "BLOCKED_API")

@@ -1,0 +1,221 @@
+"""`opforge init`: write skills, roles, the rules block and hooks into a host's folders, and take them out again.
+
+Every install keeps a manifest (`.opforge/hosts/<host>.json` under the project or home folder) of the files it
+wrote with their hashes, the rules block and the hook entries it merged, and the folders it created. A second
+install writes nothing when nothing changed (no timestamps, content compared first); uninstall removes exactly
+what the manifest lists and keeps a file the user has edited since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from opforge.errors import InputError
+from opforge.hosts import render
+from opforge.hosts.catalog import package_skills, skill_files
+from opforge.hosts.layouts import HOSTS, layout
+from opforge.hosts.validate import validate_tree
+from opforge.orchestrator.atomic import write_bytes_atomic, write_text_atomic
+
+MANIFEST_DIR = ".opforge/hosts"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_path(base: Path, host: str) -> Path:
+    return base / MANIFEST_DIR / f"{host}.json"
+
+
+def _load_manifest(path: Path) -> dict:
+    if not path.exists():
+        return {"files": {}, "dirs": [], "rules": None, "settings": None}
+    try:
+        m = json.loads(path.read_text())
+        assert isinstance(m, dict) and isinstance(m.get("files"), dict)
+    except (json.JSONDecodeError, AssertionError, UnicodeDecodeError):
+        raise InputError(str(path), "the install manifest is not valid JSON from opforge; it was not modified") \
+            from None
+    return m
+
+
+def _mkdirs(base: Path, rel_dir: Path, created: list[str]) -> None:
+    for p in [*reversed(rel_dir.parents), rel_dir]:
+        if p == Path("."):
+            continue
+        if not (base / p).exists():
+            (base / p).mkdir()
+            created.append(p.as_posix())
+
+
+def _write_if_changed(base: Path, rel: str, data: bytes, created_dirs: list[str]) -> str:
+    path = base / rel
+    if path.exists():
+        if path.read_bytes() == data:
+            return "unchanged"
+        action = "updated"
+    else:
+        action = "created"
+    _mkdirs(base, Path(rel).parent, created_dirs)
+    write_bytes_atomic(path, data)
+    return action
+
+
+def _planned_files(host: str, lay, skills) -> dict[str, bytes]:
+    names = [r.name for r in skills]
+    files: dict[str, bytes] = {}
+    for r in skills:
+        for rel, data in skill_files(r).items():
+            files[f"{lay.skills_dir}/{r.name}/{rel}"] = data
+    if lay.agents_dir:
+        prefix = "opforge-" if host == "cursor" else ""
+        for fname, text in render.all_role_files(host, names, lay.agent_ext).items():
+            files[f"{lay.agents_dir}/{prefix}{fname}"] = text.encode()
+    if lay.hooks == "opencode-plugin":
+        files[lay.hooks_path] = render.OPENCODE_PLUGIN.encode()
+    return files
+
+
+def install(host: str, base: Path, *, global_: bool = False, force: bool = False) -> dict:
+    if host not in HOSTS:
+        raise InputError("--host", f"unknown host {host!r}; expected one of {', '.join(HOSTS)}")
+    base = Path(base)
+    if not base.is_dir():
+        raise InputError(str(base), "not a folder")
+    lay = layout(host, global_)
+    skills, invalid = package_skills()
+    mpath = manifest_path(base, host)
+    old = _load_manifest(mpath)
+    planned = _planned_files(host, lay, skills)
+    for rel, data in planned.items():
+        p = base / rel
+        if p.is_file() and rel not in old["files"] and p.read_bytes() != data and not force:
+            raise InputError(str(p), "exists and was not written by opforge (move it away, or pass --force)")
+    dirs: list[str] = list(old.get("dirs") or [])
+    changes: dict[str, str] = {}
+    for rel, data in planned.items():
+        changes[rel] = _write_if_changed(base, rel, data, dirs)
+    for rel, digest in old["files"].items():  # a skill that left the package leaves the host too
+        p = base / rel
+        if rel not in planned and p.is_file() and _sha(p.read_bytes()) == digest:
+            p.unlink()
+            changes[rel] = "removed"
+    rules = old.get("rules")
+    if lay.rules_file:
+        path = base / lay.rules_file
+        existing = path.read_text() if path.exists() else None
+        block = render.rules_block(host, [r.name for r in skills], roles_inline=lay.agents_dir is None)
+        new = render.merge_block(existing, block, host)
+        created = rules["created"] if rules else existing is None
+        changes[lay.rules_file] = "unchanged" if new == existing else \
+            _write_if_changed(base, lay.rules_file, new.encode(), dirs)
+        rules = {"path": lay.rules_file, "created": created}
+    settings = old.get("settings")
+    if lay.hooks == "claude-settings":
+        path = base / lay.hooks_path
+        try:
+            existing = json.loads(path.read_text()) if path.exists() else {}
+        except json.JSONDecodeError as exc:
+            raise InputError(str(path), f"not valid JSON (line {exc.lineno}): fix it before installing hooks") \
+                from None
+        if not isinstance(existing, dict):
+            raise InputError(str(path), "not a JSON object")
+        merged = render.merge_claude_settings(existing, render.claude_hook_entries())
+        created = settings["created"] if settings else not path.exists()
+        # the user's own bytes, so that uninstall can put the file back exactly as it was
+        original = settings.get("original") if settings else (path.read_text() if path.exists() else None)
+        changes[lay.hooks_path] = "unchanged" if merged == existing else \
+            _write_if_changed(base, lay.hooks_path, (json.dumps(merged, indent=2) + "\n").encode(), dirs)
+        settings = {"path": lay.hooks_path, "created": created, "original": original}
+    manifest = {"host": host, "global": global_, "files": {rel: _sha(d) for rel, d in sorted(planned.items())},
+                "rules": rules, "settings": settings, "dirs": sorted(set(dirs))}
+    mdirs: list[str] = manifest["dirs"]
+    data = (json.dumps(manifest, indent=2) + "\n").encode()
+    if not mpath.exists() or mpath.read_bytes() != data:
+        _mkdirs(base, Path(MANIFEST_DIR), [])
+        write_bytes_atomic(mpath, data)
+    ours = {r.name for r in skills}
+    problems = [f"{r.name}: {q}" for r in validate_tree(base / lay.skills_dir) if r.name in ours for q in r.problems]
+    return {"host": host, "base": str(base), "global": global_, "manifest": str(mpath),
+            "skills": [r.name for r in skills], "skipped_skills": [r.to_dict() for r in invalid],
+            "roles": [Path(k).stem for k in planned if lay.agents_dir and k.startswith(lay.agents_dir)],
+            "hooks": lay.hooks, "changes": changes,
+            "changed": sorted(k for k, v in changes.items() if v != "unchanged"),
+            "dirs_created": mdirs, "exported_problems": problems}
+
+
+def _json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _remove_dirs(base: Path, dirs: list[str]) -> list[str]:
+    removed = []
+    for rel in sorted(dirs, key=lambda d: d.count("/"), reverse=True):
+        p = base / rel
+        if p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+            removed.append(rel)
+    return removed
+
+
+def uninstall(base: Path, host: str | None = None) -> list[dict]:
+    """Take out what the manifests under `base` list (one host, or every installed host)."""
+    base = Path(base)
+    hosts = [host] if host else [h for h in HOSTS if manifest_path(base, h).exists()]
+    results = []
+    for h in hosts:
+        mpath = manifest_path(base, h)
+        if not mpath.exists():
+            raise InputError(str(mpath), f"no opforge install for {h} here")
+        m = _load_manifest(mpath)
+        changes: dict[str, str] = {}
+        for rel, digest in m["files"].items():
+            p = base / rel
+            if not p.is_file():
+                changes[rel] = "already gone"
+            elif _sha(p.read_bytes()) == digest:
+                p.unlink()
+                changes[rel] = "removed"
+            else:
+                changes[rel] = "kept (edited since install)"
+        if m.get("rules"):
+            rel = m["rules"]["path"]
+            p = base / rel
+            if p.is_file():
+                text = render.strip_block(p.read_text(), h)
+                if not text.strip() and m["rules"]["created"]:
+                    p.unlink()
+                    changes[rel] = "removed"
+                else:
+                    write_text_atomic(p, text)
+                    changes[rel] = "opforge block removed"
+        if m.get("settings"):
+            rel = m["settings"]["path"]
+            p = base / rel
+            if p.is_file():
+                try:
+                    cur = json.loads(p.read_text())
+                except json.JSONDecodeError:
+                    cur = None
+                if isinstance(cur, dict):
+                    out = render.strip_claude_settings(cur, render.claude_hook_entries())
+                    if not out and m["settings"]["created"]:
+                        p.unlink()
+                        changes[rel] = "removed"
+                    elif out != cur:
+                        orig = m["settings"].get("original")
+                        same = orig is not None and _json_or_none(orig) == out
+                        write_text_atomic(p, orig if same else json.dumps(out, indent=2) + "\n")
+                        changes[rel] = "opforge hooks removed"
+                else:
+                    changes[rel] = "kept (not valid JSON any more)"
+        mpath.unlink()
+        removed_dirs = _remove_dirs(base, list(m.get("dirs") or []) + [MANIFEST_DIR, MANIFEST_DIR.split("/")[0]])
+        results.append({"host": h, "base": str(base), "changes": changes, "dirs_removed": removed_dirs})
+    return results

@@ -1,0 +1,48 @@
+"""Where each host looks for skills, agents, its rules file and hooks, in a project and for the user.
+
+Claude Code: `.claude/skills/<name>/SKILL.md`, subagents in `.claude/agents/<name>.md`, `CLAUDE.md`, hooks in
+`.claude/settings.json` (user level: the same under `~/.claude/`). OpenCode: `.opencode/skills`,
+`.opencode/agents`, `AGENTS.md`, local plugins in `.opencode/plugins/` (user level: `~/.config/opencode/`).
+Codex: skills in `.agents/skills` (user: `~/.agents/skills`), rules and roles in `AGENTS.md` (user:
+`~/.codex/AGENTS.md`); it has no agent files or hooks. Cursor: `.cursor/skills`, roles as rules in
+`.cursor/rules/*.mdc`, `AGENTS.md`; user-level rules live in its settings, so `--global` installs skills only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HOSTS = ("claude", "opencode", "codex", "cursor")
+
+
+@dataclass(frozen=True)
+class Layout:
+    host: str
+    skills_dir: str
+    agents_dir: str | None  # None: the roles go into the rules file
+    agent_ext: str
+    rules_file: str | None
+    hooks: str | None  # "claude-settings" | "opencode-plugin" | None
+    hooks_path: str | None
+
+
+_PROJECT = {
+    "claude": Layout("claude", ".claude/skills", ".claude/agents", ".md", "CLAUDE.md", "claude-settings",
+                     ".claude/settings.json"),
+    "opencode": Layout("opencode", ".opencode/skills", ".opencode/agents", ".md", "AGENTS.md", "opencode-plugin",
+                       ".opencode/plugins/opforge-gate.js"),
+    "codex": Layout("codex", ".agents/skills", None, "", "AGENTS.md", None, None),
+    "cursor": Layout("cursor", ".cursor/skills", ".cursor/rules", ".mdc", "AGENTS.md", None, None),
+}
+_GLOBAL = {  # relative to the home folder
+    "claude": Layout("claude", ".claude/skills", ".claude/agents", ".md", ".claude/CLAUDE.md", "claude-settings",
+                     ".claude/settings.json"),
+    "opencode": Layout("opencode", ".config/opencode/skills", ".config/opencode/agents", ".md",
+                       ".config/opencode/AGENTS.md", "opencode-plugin", ".config/opencode/plugins/opforge-gate.js"),
+    "codex": Layout("codex", ".agents/skills", None, "", ".codex/AGENTS.md", None, None),
+    "cursor": Layout("cursor", ".cursor/skills", None, "", None, None, None),
+}
+
+
+def layout(host: str, global_: bool) -> Layout:
+    return (_GLOBAL if global_ else _PROJECT)[host]

@@ -1,0 +1,262 @@
+"""opforge init / skills validate / hooks gate: host layouts, idempotence, exact uninstall, Agent Skills rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opforge.cli import app
+from opforge.hosts.catalog import SKILLS_ROOT
+from opforge.hosts.validate import split_front_matter
+
+runner = CliRunner()
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under root (but .git) with its bytes and mtime: what 'changes nothing' is measured on."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(root).parts}
+
+
+def _dirs(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir() and ".git" not in p.parts}
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return root
+
+
+def _init(*args) -> dict:
+    res = runner.invoke(app, ["init", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+# ------------------------------------------------------------------ skills validate
+
+def test_project_skills_pass_validate():
+    res = runner.invoke(app, ["skills", "validate", str(SKILLS_ROOT), "--json"])
+    out = json.loads(res.stdout)
+    assert res.exit_code == 0, out
+    names = {s["name"] for s in out["skills"]}
+    assert {"op-requirement", "op-api", "op-golden", "op-design", "op-develop", "op-precision", "op-perf"} <= names
+    assert len(out["skills"]) == len(list(SKILLS_ROOT.glob("*/SKILL.md")))
+
+
+def _skill(root: Path, folder: str, front: str, body: str = "Run `opforge op status WS --json`.\n") -> Path:
+    d = root / folder
+    d.mkdir(parents=True)
+    (d / "SKILL.md").write_text(f"---\n{front}\n---\n\n{body}")
+    return d
+
+
+@pytest.mark.parametrize("folder,front,body,needle", [
+    ("good-skill", "name: other-name\ndescription: Does a thing.", None, "does not match the folder"),
+    ("Bad", "name: Bad\ndescription: Does a thing.", None, "lowercase letters and digits"),
+    ("a--b", "name: a--b\ndescription: x", None, "single hyphens"),
+    ("x" * 65, f"name: {'x' * 65}\ndescription: x", None, "65 characters, the limit is 64"),
+    ("long-desc", "name: long-desc\ndescription: " + "y" * 1025, None, "description: 1025 characters"),
+    ("no-desc", "name: no-desc", None, "description: missing"),
+    ("colon", "name: colon\ndescription: Plan it: fusion, tiling", None, "not valid YAML"),
+    ("extra", "name: extra\ndescription: x\nversion: 2", None, "unknown field(s) version"),
+    ("big-body", "name: big-body\ndescription: x", "line\n" * 500, "body: 500 lines"),
+    ("link", "name: link\ndescription: x", "See [the contract](references/contract.md).\n", "references/contract.md"),
+])
+def test_validate_names_what_is_wrong(tmp_path, folder, front, body, needle):
+    kw = {} if body is None else {"body": body}
+    _skill(tmp_path, folder, front, **kw)
+    res = runner.invoke(app, ["skills", "validate", str(tmp_path), "--json"])
+    assert res.exit_code == 1
+    problems = json.loads(res.stdout)["skills"][0]["problems"]
+    assert any(needle in p for p in problems), problems
+
+
+def test_validate_accepts_a_good_skill_and_rejects_missing_paths(tmp_path):
+    d = _skill(tmp_path, "fine", "name: fine\ndescription: Use to check things.\nmetadata:\n  owner: ops")
+    (d / "references").mkdir()
+    (d / "references" / "more.md").write_text("detail\n")
+    (d / "SKILL.md").write_text((d / "SKILL.md").read_text() + "See [more](references/more.md).\n")
+    assert runner.invoke(app, ["skills", "validate", str(d)]).exit_code == 0
+    res = runner.invoke(app, ["skills", "validate", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = runner.invoke(app, ["skills", "validate", str(empty)])
+    assert res.exit_code == 2 and "holds no SKILL.md" in res.output
+
+
+# ------------------------------------------------------------------ init: layouts
+
+def _independent_validate(skills_dir: Path) -> dict[str, list[str]]:
+    skills_ref = pytest.importorskip("skills_ref")
+    return {d.name: skills_ref.validate(d) for d in sorted(skills_dir.iterdir()) if d.is_dir()}
+
+
+def test_init_claude_layout_idempotent_and_exact_uninstall(repo):
+    (repo / "CLAUDE.md").write_text("# House rules\n\nBe brief.\n")
+    (repo / ".claude").mkdir()
+    (repo / ".claude" / "settings.json").write_text(json.dumps({"model": "x", "hooks": {"Stop": [
+        {"hooks": [{"type": "command", "command": "echo mine"}]}]}}))
+    before, before_dirs = _tree(repo), _dirs(repo)
+
+    out = _init("--host", "claude", str(repo))
+    skills = repo / ".claude" / "skills"
+    assert set(out["skills"]) == {d.name for d in skills.iterdir()}
+    assert _independent_validate(skills) == {d.name: [] for d in skills.iterdir()}
+    for role in ("orchestrator", "analyst", "developer", "perf-tuner"):
+        meta, body = split_front_matter((repo / ".claude" / "agents" / f"{role}.md").read_text())
+        assert meta["name"] == role and meta["description"]
+        assert "You may not" in body
+    orch, _ = split_front_matter((repo / ".claude" / "agents" / "orchestrator.md").read_text())
+    dev, dev_body = split_front_matter((repo / ".claude" / "agents" / "developer.md").read_text())
+    assert "Write" not in orch["tools"] and "Edit" in dev["tools"]  # the orchestrator cannot write kernels
+    assert "G5-IMPL-TRITON-ONLY" in dev_body
+    rules = (repo / "CLAUDE.md").read_text()
+    assert rules.startswith("# House rules\n\nBe brief.\n") and "Only the orchestrator moves the state" in rules
+    settings = json.loads((repo / ".claude" / "settings.json").read_text())
+    assert settings["model"] == "x"
+    assert {"PreToolUse", "SubagentStop", "Stop"} <= set(settings["hooks"])
+    cmds = [h["command"] for g in settings["hooks"]["Stop"] for h in g["hooks"]]
+    assert cmds == ["echo mine", "opforge hooks gate --host claude"]
+    assert settings["hooks"]["PreToolUse"][0]["matcher"] == "Bash"
+
+    after_first = _tree(repo)
+    again = _init("--host", "claude", str(repo))
+    assert again["changed"] == []
+    assert _tree(repo) == after_first  # same bytes, same mtimes
+
+    res = runner.invoke(app, ["init", "--uninstall", str(repo), "--json"])
+    assert res.exit_code == 0, res.output
+    assert {k: v[0] for k, v in _tree(repo).items()} == {k: v[0] for k, v in before.items()}
+    assert _dirs(repo) == before_dirs
+
+
+def test_init_opencode_layout(repo):
+    out = _init("--host", "opencode", str(repo))
+    skills = repo / ".opencode" / "skills"
+    assert _independent_validate(skills) == {n: [] for n in out["skills"]}
+    orch, _ = split_front_matter((repo / ".opencode" / "agents" / "orchestrator.md").read_text())
+    analyst, _ = split_front_matter((repo / ".opencode" / "agents" / "analyst.md").read_text())
+    assert orch["mode"] == "primary" and orch["permission"] == {"edit": "deny"}
+    assert analyst["mode"] == "subagent"
+    bash = analyst["permission"]["bash"]
+    assert list(bash)[0] == "*" and bash["opforge op resume*"] == "deny"
+    plugin = (repo / ".opencode" / "plugins" / "opforge-gate.js").read_text()
+    assert "tool.execute.before" in plugin and "opforge hooks gate" in plugin
+    if os.path.exists("/usr/bin/node"):  # the plugin must at least be valid JavaScript
+        check = subprocess.run(["node", "--check", "--input-type=module"], input=plugin, text=True,
+                               capture_output=True)
+        assert check.returncode == 0, check.stderr
+    assert "opforge:begin opencode" in (repo / "AGENTS.md").read_text()
+    first = _tree(repo)
+    assert _init("--host", "opencode", str(repo))["changed"] == []
+    assert _tree(repo) == first
+
+
+def test_codex_and_cursor_share_agents_md_and_uninstall_one(repo):
+    (repo / "AGENTS.md").write_text("# Team notes\n")
+    _init("--host", "codex", str(repo))
+    _init("--host", "cursor", str(repo))
+    text = (repo / "AGENTS.md").read_text()
+    assert text.startswith("# Team notes\n") and "opforge:begin codex" in text and "opforge:begin cursor" in text
+    assert "## Role: developer" in text  # codex has no agent files: roles live in AGENTS.md
+    assert (repo / ".agents" / "skills" / "op-develop" / "SKILL.md").is_file()
+    rule, _ = split_front_matter((repo / ".cursor" / "rules" / "opforge-developer.mdc").read_text())
+    assert rule["alwaysApply"] is False and rule["description"]
+    assert runner.invoke(app, ["init", "--uninstall", "--host", "codex", str(repo)]).exit_code == 0
+    text = (repo / "AGENTS.md").read_text()
+    assert "opforge:begin codex" not in text and "opforge:begin cursor" in text
+    assert not (repo / ".agents").exists() and (repo / ".cursor" / "skills").is_dir()
+    assert runner.invoke(app, ["init", "--uninstall", str(repo)]).exit_code == 0
+    assert (repo / "AGENTS.md").read_text() == "# Team notes\n"
+    assert not (repo / ".cursor").exists() and not (repo / ".opforge").exists()
+
+
+def test_global_install_goes_under_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    out = _init("--host", "opencode", "--global")
+    assert (home / ".config" / "opencode" / "skills" / "op-api" / "SKILL.md").is_file()
+    assert (home / ".config" / "opencode" / "AGENTS.md").is_file()
+    assert out["global"] is True
+    assert runner.invoke(app, ["init", "--uninstall", "--global"]).exit_code == 0
+    assert list(home.iterdir()) == []
+
+
+def test_init_refuses_foreign_files_and_bad_input(repo):
+    (repo / ".claude" / "agents").mkdir(parents=True)
+    (repo / ".claude" / "agents" / "analyst.md").write_text("my own analyst\n")
+    res = runner.invoke(app, ["init", "--host", "claude", str(repo)])
+    assert res.exit_code == 2 and "analyst.md" in res.output and "not written by opforge" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert (repo / ".claude" / "agents" / "analyst.md").read_text() == "my own analyst\n"
+    res = runner.invoke(app, ["init", "--host", "vim", str(repo)])
+    assert res.exit_code == 2 and "--host" in res.output
+    res = runner.invoke(app, ["init", "--uninstall", str(repo)])
+    assert res.exit_code == 2 and "nothing installed" in res.output
+    (repo / ".claude" / "agents" / "analyst.md").unlink()
+    (repo / ".claude" / "settings.json").write_text("{not json")
+    res = runner.invoke(app, ["init", "--host", "claude", str(repo)])
+    assert res.exit_code == 2 and "settings.json" in res.output
+
+
+def test_uninstall_keeps_a_file_the_user_edited(repo):
+    _init("--host", "claude", str(repo))
+    edited = repo / ".claude" / "skills" / "op-api" / "SKILL.md"
+    edited.write_text(edited.read_text() + "\nMy note.\n")
+    res = runner.invoke(app, ["init", "--uninstall", str(repo), "--json"])
+    changes = json.loads(res.stdout)[0]["changes"]
+    assert changes[".claude/skills/op-api/SKILL.md"] == "kept (edited since install)"
+    assert edited.is_file() and not (repo / ".claude" / "agents").exists()
+
+
+def test_new_skills_are_discovered_not_listed(tmp_path, monkeypatch):
+    """A skill folder added to the package is exported without code changes; an invalid one is skipped."""
+    import shutil
+
+    from opforge.hosts import catalog, install
+
+    pkg = tmp_path / "skills"
+    shutil.copytree(SKILLS_ROOT / "op_api", pkg / "op_api", ignore=shutil.ignore_patterns("__pycache__"))
+    _skill(pkg, "ci_fix", "name: ci-fix\ndescription: Fix CI static errors safely.")
+    (pkg / "ci_fix" / "__init__.py").write_text("")
+    _skill(pkg, "broken", "name: Broken\ndescription: x")
+    monkeypatch.setattr(install, "package_skills", lambda: catalog.package_skills(pkg))
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    out = install.install("claude", proj)
+    assert out["skills"] == ["ci-fix", "op-api"]
+    assert [s["folder"].endswith("broken") for s in out["skipped_skills"]] == [True]
+    orch = (proj / ".claude" / "agents" / "orchestrator.md").read_text()
+    assert "`ci-fix`" in orch  # a skill no role claims goes to the orchestrator's toolbox
+
+
+# ------------------------------------------------------------------ hooks gate
+
+def _hook(event: dict, root: Path):
+    return runner.invoke(app, ["hooks", "gate", "--host", "claude", "--root", str(root)], input=json.dumps(event))
+
+
+def test_gate_hook_blocks_state_commands_when_a_gate_fails(ws_copy):
+    root = ws_copy.parent
+    state = {"hook_event_name": "PreToolUse", "tool_name": "Bash",
+             "tool_input": {"command": f"opforge op resume {ws_copy}"}}
+    assert _hook(state, root).exit_code == 0
+    impl = next(ws_copy.glob("*_impl.py"))  # a hand edit after stage 5: torch math on the launch path
+    impl.write_text(impl.read_text() + "\n\ndef _shortcut(x: torch.Tensor):\n    return torch.sin(x)\n")
+    res = _hook(state, root)
+    assert res.exit_code == 2 and "G5-IMPL-TRITON-ONLY" in res.output
+    other = {"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls -la"}}
+    assert _hook(other, root).exit_code == 0
+    assert _hook({"hook_event_name": "Stop", "stop_hook_active": False}, root).exit_code == 2
+    assert _hook({"hook_event_name": "Stop", "stop_hook_active": True}, root).exit_code == 0
