@@ -1,0 +1,10 @@
+"""api-consistency: an API or program on a device under test against the CPU.
+
+A case runs on the reference (the CPU, and float64 where meaningful) and on the target; four checks
+(functional, determinism, precision, memory) feed written rules that pick one of three exits, and a
+second pass localises a defect to the first diverging operator and its call site.
+"""
+
+from opforge.skills.api_consistency.triage import RULES, diagnose
+
+__all__ = ["RULES", "diagnose"]
