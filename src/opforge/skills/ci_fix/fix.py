@@ -146,10 +146,12 @@ def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
 
     new, why = prove(chosen)
     if why:
-        for group in chosen:
-            _, alone = prove([group])
+        # exclude the fixes that fail on their own; all of them when only their combination fails
+        alone = [(group, prove([group])[1]) for group in chosen]
+        failing = [(g, w) for g, w in alone if w] or [(g, why) for g in chosen]
+        for group, reason in failing:
             for d in group[1]:
-                job.excluded[_ruff_key(d, job.text)] = f"reverted: {alone or why}"
+                job.excluded[_ruff_key(d, job.text)] = f"reverted: {reason}"
         return True
     job.commit_step("ruff", new, [b for b, _ in chosen],
                     [[(d.code, wl.ruff_reason(d.code), d.message) for d in dd] for _, dd in chosen])
@@ -277,10 +279,11 @@ def _codespell_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
 
     new, why = prove(blocks, [ty for g in groups for ty in g])
     if why:
-        for b, g in zip(blocks, groups):
-            _, alone = prove([b], g)
+        alone = [(g, prove([b], g)[1]) for b, g in zip(blocks, groups)]
+        failing = [(g, w) for g, w in alone if w] or [(g, why) for g in groups]
+        for g, reason in failing:
             for ty in g:
-                job.excluded[_typo_key(ty, job.text)] = f"reverted: {alone or why}"
+                job.excluded[_typo_key(ty, job.text)] = f"reverted: {reason}"
         return True
     job.commit_step("codespell", new, blocks, records)
     return True
