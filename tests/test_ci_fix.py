@@ -272,3 +272,23 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, where):
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and where in lines[0]
+
+
+def test_docstring_policy_and_doctests(tmp_path):
+    repo = tmp_path / "ds"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo, {"m.py": "X = 1\n"})
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=d", "-c", "user.email=d@e", "commit", "-qm", "base")
+    src = 'def f():\n    """Return what we recieve.\n\n    >>> f()  # teh call\n    1\n    """\n    return 1\n'
+    write(repo, {"m.py": src})
+    cfg = tmp_path / "wl.yaml"
+    cfg.write_text("codespell:\n  docstrings: false\n")
+    rep = ci_fix(repo, config=cfg)
+    assert (repo / "m.py").read_text() == src
+    why = {r["rule"]: r["why"] for r in rep["residual"]}
+    assert "docstring fixes are off" in why["typo:recieve"] and "doctest" in why["typo:teh"]
+    rep = ci_fix(repo)
+    assert "what we receive." in (repo / "m.py").read_text() and "# teh call" in (repo / "m.py").read_text()
+    assert [r["rule"] for r in rep["residual"]] == ["typo:teh"]

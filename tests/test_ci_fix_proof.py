@@ -54,6 +54,10 @@ def test_empty_block_after_removal_is_a_pass():
     before = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import os\nx = TYPE_CHECKING\n"
     after = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nx = TYPE_CHECKING\n"
     assert prove_python(before, after, removed={(3, 11)}) is None
+    before = "if x:\n    y = 1\nelse:\n    import os\n"
+    after = "if x:\n    y = 1\nelse:\n    pass\n"
+    assert prove_python(before, after, removed={(4, 11)}) is None
+    assert prove_python(before, after) is not None
 
 
 @pytest.mark.parametrize("before, after", [

@@ -29,6 +29,15 @@ C_CPP = {".c", ".h", ".cc", ".cpp", ".cxx", ".c++", ".hh", ".hpp", ".hxx", ".h++
 MAX_ROUNDS = 4
 MAX_ITERATIONS = 12
 WORD = r"[\w\-'’]"
+TYPO_WHY = {
+    "string": "inside a string literal, which is behaviour: never edited",
+    "code": "in code (an identifier): renaming changes behaviour",
+    "doctest": "in a doctest example inside a docstring, which runs as code",
+    "unlocated": "codespell's word could not be located on its line",
+    "unparsed": "the file does not parse, so a comment cannot be told from a string",
+    "docstring": "in a docstring, and docstring fixes are off in the whitelist",
+    "comment": "in a comment, and comment fixes are off in the whitelist",
+}
 FORMAT_REASON = "formatting only: whitespace and layout, proven not to change the {what}"
 
 
@@ -236,6 +245,8 @@ def _typo_places(job: Job, typos: list[Typo], text: str, wl: Whitelist) -> list[
             kind = "unparsed"
         else:
             kind = kind_at(regions, ty.row, col, col + len(ty.wrong), "prose" if job.lang == "doc" else "code")
+            if kind == "docstring" and line.lstrip().startswith((">>>", "...")):
+                kind = "doctest"          # a doctest example is code that runs
         out.append((ty, col, kind))
     return out
 
@@ -249,8 +260,7 @@ def _typo_key(ty: Typo, text: str) -> tuple:
     return ("codespell", ty.wrong, lines[ty.row - 1].strip() if 0 < ty.row <= len(lines) else "")
 
 
-def _codespell_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
-    typos = lint.codespell(job.rel, job.text)
+def _codespell_step(job: Job, typos: list[Typo], wl: Whitelist) -> bool:
     t = Text(job.text)
     by_row: dict[int, list[tuple[Typo, int, str]]] = {}
     for ty, col, kind in _typo_places(job, typos, job.text, wl):
@@ -289,19 +299,26 @@ def _codespell_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
     return True
 
 
-def _process(job: Job, lint: Linters, wl: Whitelist) -> None:
-    for _ in range(MAX_ROUNDS):
-        before = len(job.steps)
-        if job.lang == "python":
-            for _ in range(MAX_ITERATIONS):
-                if not _ruff_step(job, lint, wl):
-                    break
-        if job.lang in ("python", "c"):
-            _format_step(job, lint, wl)
-        for _ in range(MAX_ITERATIONS):
-            if not _codespell_step(job, lint, wl):
-                break
-        if len(job.steps) == before:
+def _process(jobs: list[Job], lint: Linters, wl: Whitelist, progress=None) -> None:
+    """Rounds over all files until one changes nothing; codespell runs once per round for all of them."""
+    active = list(jobs)
+    for round_ in range(MAX_ROUNDS):
+        marks = {id(j): len(j.steps) + len(j.excluded) for j in active}
+        for i, job in enumerate(active):
+            if progress and round_ == 0:
+                progress(job.rel, i, len(jobs))
+            if job.lang == "python":
+                for _ in range(MAX_ITERATIONS):
+                    if not _ruff_step(job, lint, wl):
+                        break
+            if job.lang in ("python", "c"):
+                _format_step(job, lint, wl)
+        typos = lint.codespell({j.rel: j.text for j in active})
+        for job in active:
+            _codespell_step(job, typos[job.rel], wl)
+        # a step that failed its proof changes nothing but excludes fixes: the rest get another round
+        active = [j for j in active if len(j.steps) + len(j.excluded) != marks[id(j)]]
+        if not active:
             break
 
 
@@ -325,18 +342,14 @@ def _ruff_why(d: Diagnostic, job: Job, wl: Whitelist) -> str:
 def _typo_why(ty: Typo, kind: str, job: Job, wl: Whitelist) -> str:
     if _typo_key(ty, job.text) in job.excluded:
         return job.excluded[_typo_key(ty, job.text)]
+    if ty.reason:
+        return f"codespell's dictionary does not fix this one automatically: {ty.reason}"
     if not ty.single:
-        return f"several candidates ({ty.right}){': ' + ty.reason if ty.reason else ''}: needs a person"
-    return {"string": "inside a string literal, which is behaviour: never edited",
-            "code": "in code (an identifier): renaming changes behaviour",
-            "unlocated": "codespell's word could not be located on its line",
-            "unparsed": "the file does not parse, so a comment cannot be told from a string",
-            "docstring": "in a docstring, and docstring fixes are off in the whitelist",
-            "comment": "in a comment, and comment fixes are off in the whitelist",
-            "code_span": "inside code in a documentation file"}.get(kind, "inside code in a documentation file")
+        return f"several candidates ({ty.right}): a person must choose"
+    return TYPO_WHY.get(kind, "inside code in a documentation file")
 
 
-def _residual(job: Job, lint: Linters, wl: Whitelist) -> list[Residual]:
+def _residual(job: Job, lint: Linters, wl: Whitelist, typos: list[Typo]) -> list[Residual]:
     out: list[Residual] = []
     if job.lang == "python":
         for d in lint.ruff_check(job.rel, job.text):
@@ -355,7 +368,7 @@ def _residual(job: Job, lint: Linters, wl: Whitelist) -> list[Residual]:
                 why = "#include order: include sorting is not whitelisted (it can change what a file means)"
             out.append(Residual(job.rel, first, tool, "format", "the file is not formatted",
                                 why or "formatting did not converge"))
-    for ty, _col, kind in _typo_places(job, lint.codespell(job.rel, job.text), job.text, wl):
+    for ty, _col, kind in _typo_places(job, typos, job.text, wl):
         if job.in_change(ty.row):
             out.append(Residual(job.rel, ty.row, "codespell", f"typo:{ty.wrong}", f"{ty.wrong} ==> {ty.right}",
                                 _typo_why(ty, kind, job, wl)))
@@ -401,12 +414,9 @@ def ci_fix(repo: Path, base: str = "HEAD", changed_lines: bool = False, dry_run:
             skipped.append({"file": ch.path, "why": "not UTF-8 text"})
             continue
         jobs.append(Job(ch.path, git.repo / ch.path, lang, text, ch.lines))
-    residual: list[Residual] = []
-    for i, job in enumerate(jobs):
-        if progress:
-            progress(job.rel, i, len(jobs))
-        _process(job, lint, wl)
-        residual += _residual(job, lint, wl)
+    _process(jobs, lint, wl, progress)
+    typos = lint.codespell({j.rel: j.text for j in jobs}) if jobs else {}
+    residual = [r for job in jobs for r in _residual(job, lint, wl, typos[job.rel])]
     if progress:
         progress("", len(jobs), len(jobs))
     edited = [j for j in jobs if j.text != j.original]

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ class Linters:
         self.repo = repo
         self.log = log
         self._bins: dict[str, str] = {}
+        self._typos: dict[tuple[str, str], list[Typo]] = {}
 
     def _bin(self, name: str) -> str:
         if name not in self._bins:
@@ -97,11 +99,29 @@ class Linters:
         return proc.stdout.decode("utf-8")
 
     # codespell
-    def codespell(self, rel: str, text: str) -> list[Typo]:
-        proc = self._run([self._bin("codespell"), "-"], text, rel)
-        if proc.returncode not in (0, 65):
-            raise InputError(rel, f"codespell failed: {_first_line(proc.stderr)}")
-        return parse_codespell_stdin(proc.stdout.decode("utf-8", "replace"))
+    def codespell(self, texts: dict[str, str]) -> dict[str, list[Typo]]:
+        """Typos of many files' current texts in one codespell run (its start-up is most of its time).
+
+        The texts are copied under a temporary folder with their relative paths, and codespell runs in the
+        repository so that it reads the project's configuration. Results are remembered per text."""
+        todo = {rel: t for rel, t in texts.items() if (rel, t) not in self._typos}
+        if todo:
+            with tempfile.TemporaryDirectory(prefix="ci-fix-") as tmp:
+                paths = {}
+                for rel, text in todo.items():
+                    p = Path(tmp, rel)
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    p.write_bytes(text.encode("utf-8"))
+                    paths[str(p)] = rel
+                argv = [self._bin("codespell"), "--", *paths]
+                proc = subprocess.run(argv, cwd=self.repo, capture_output=True)
+                self.log(argv, proc.returncode, stdin=f"copies of {len(paths)} file(s) under {tmp}")
+                if proc.returncode not in (0, 65):
+                    raise InputError("codespell", f"failed: {_first_line(proc.stderr)}")
+                found = parse_codespell(proc.stdout.decode("utf-8", "replace"), paths)
+            for rel, text in todo.items():
+                self._typos[(rel, text)] = found.get(rel, [])
+        return {rel: self._typos[(rel, t)] for rel, t in texts.items()}
 
     # clang-format
     def clang_format(self, path: Path, text: str, lines: list[tuple[int, int]] | None,
@@ -120,23 +140,22 @@ class Linters:
         return [(int(r.get("offset")), int(r.get("length")), r.text or "") for r in root.iter("replacement")]
 
 
-CS_LINE = re.compile(r"^(\d+): ")
-CS_FIX = re.compile(r"^\t(.+?) ==> (.+?)(?: \| (.*))?$")
+CS_FIX = re.compile(r"^(\d+): (.+?) ==> (.+?)(?: \| (.*))?$")
 
 
-def parse_codespell_stdin(out: str) -> list[Typo]:
-    """codespell's report for stdin: 'N: <line>' then a tab-indented 'wrong ==> right[ | reason]'."""
-    typos, row = [], None
+def parse_codespell(out: str, paths: dict[str, str]) -> dict[str, list[Typo]]:
+    """codespell's report, one 'PATH:LINE: wrong ==> right[ | reason]' per typo, keyed by relative path."""
+    found: dict[str, list[Typo]] = {}
+    by_length = sorted(paths, key=len, reverse=True)
     for line in out.splitlines():
-        m = CS_FIX.match(line)
-        if m and row is not None:
-            typos.append(Typo(row, m.group(1), m.group(2).strip(), (m.group(3) or "").strip()))
-            row = None
+        path = next((p for p in by_length if line.startswith(p + ":")), None)
+        if path is None:
             continue
-        m = CS_LINE.match(line)
+        m = CS_FIX.match(line[len(path) + 1:])
         if m:
-            row = int(m.group(1))
-    return typos
+            found.setdefault(paths[path], []).append(
+                Typo(int(m.group(1)), m.group(2), m.group(3).strip(), (m.group(4) or "").strip()))
+    return found
 
 
 def _first_line(err: bytes) -> str:

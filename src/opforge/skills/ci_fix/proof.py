@@ -48,13 +48,14 @@ class _Canon(ast.NodeTransformer):
     visit_ImportFrom = _split
 
     def generic_visit(self, node):
+        blocks = [name for name, value in ast.iter_fields(node)
+                  if isinstance(value, list) and value and all(isinstance(v, ast.stmt) for v in value)]
         super().generic_visit(node)
-        for name, value in ast.iter_fields(node):
-            if isinstance(value, list) and value and all(isinstance(v, ast.stmt) for v in value):
-                if self.sort_imports:
-                    setattr(node, name, _sort_runs(value))
-            if name == "body" and isinstance(value, list) and not value and not isinstance(node, ast.Module):
-                node.body = [ast.Pass()]
+        for name in blocks:
+            value = getattr(node, name)
+            if not value and not isinstance(node, ast.Module):
+                value = [ast.Pass()]      # a block emptied by removing its imports keeps a `pass`
+            setattr(node, name, _sort_runs(value) if self.sort_imports else value)
         return node
 
 
