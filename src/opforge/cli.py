@@ -17,6 +17,7 @@ from rich.table import Table
 from opforge.errors import InputError
 from opforge.hosts.cli import hooks_app, init_cmd, skills_app
 from opforge.skills.ci_fix.command import ci_fix_command
+from opforge.skills.pr_analysis.command import pr_analysis_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Verified, fused Triton operators for PyTorch.")
@@ -24,6 +25,7 @@ op_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                      help="The operator factory: request -> seven gated stages -> kernel.")
 app.add_typer(op_app, name="op")
 app.command("ci-fix")(ci_fix_command)
+app.command("pr-analysis")(pr_analysis_command)
 app.add_typer(skills_app, name="skills")
 app.add_typer(hooks_app, name="hooks")
 app.command("init")(init_cmd)

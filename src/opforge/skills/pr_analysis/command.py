@@ -1,0 +1,112 @@
+"""`opforge pr-analysis`: the CLI face of the window and release analyses. Exit 0 (an empty window too), 2 bad input."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from opforge.errors import InputError
+
+STYLE = {"High": "bold red", "Medium": "yellow", "Low": "green", "None": "dim"}
+
+
+def _out_path(flag: str, path: Path | None) -> Path | None:
+    if path is None or str(path) == "-":
+        return path
+    if not path.parent.is_dir():
+        raise InputError(flag, f"folder does not exist: {path.parent}")
+    return path
+
+
+def _print_summary(console: Console, report: dict, written: list[str]) -> None:
+    s = report["summary"]
+    t = Table(title="pr-analysis" if report["mode"] == "window" else
+              f"{report['from']['label']} -> {report['to']['label']}")
+    t.add_column("impact")
+    t.add_column("count", justify="right")
+    for lv, n in s["by_impact"].items():
+        t.add_row(f"[{STYLE[lv]}]{lv}[/]", str(n))
+    console.print(t)
+    if report["mode"] == "window":
+        console.print(f"{s['commits']} commits, {s['rows']} rows in {s['elapsed_s']} s")
+        for r in [r for r in report["rows"] if r["impact"] == "High"][:10]:
+            pr = f"#{r['pr']}" if r["pr"] else r["commits"][0][:10]
+            subj = ", ".join(dict.fromkeys(e["subject"] for e in r["evidence"] if e["level"] == "High"))
+            console.print(f"[bold red]High[/] {pr} {escape(r['title'][:70])} — {escape(subj)}")
+    else:
+        console.print(f"{s['added']} added, {s['removed']} removed, {s['renamed']} renamed, {s['changed']} changed; "
+                      f"{s['schema_differs']} schemas differ")
+    for w in written:
+        console.print(f"wrote {w}")
+
+
+def pr_analysis_command(
+    repo: Path = typer.Option(None, "--repo", help="a local clone of pytorch/pytorch or a fork"),
+    since: str = typer.Option(None, "--since", help="window start, ISO date (commit date)"),
+    until: str = typer.Option(None, "--until", help="window end, ISO date"),
+    rev_range: str = typer.Option(None, "--range", help="a revision range A..B instead of dates"),
+    from_torch: str = typer.Option(None, "--from-torch", help="release mode: native_functions.yaml, wheel, "
+                                                            "install folder, git revision of --repo, or installed"),
+    to_torch: str = typer.Option(None, "--to-torch", help="release mode: the newer release, same forms"),
+    backend: str = typer.Option(None, "--backend", help="profile: op-plugin yaml, profile yaml, list of overloads, "
+                                                        "or dispatch:KEY[@module]; default a generic PrivateUse1"),
+    out: Path = typer.Option(Path("pr-analysis.xlsx"), "--out", help="the Excel report"),
+    json_out: Path = typer.Option(None, "--json", help="the JSON report ('-' prints it on stdout)"),
+    md_out: Path = typer.Option(None, "--md", help="the Markdown report"),
+    web: str = typer.Option(None, "--web", help="base URL for links (default: origin on GitHub, else "
+                                                "https://github.com/pytorch/pytorch)"),
+):
+    """Grade upstream PyTorch PRs (or a release's operator changes) for what a backend must adapt to."""
+    from opforge.skills.pr_analysis.analyze import analyze_window
+    from opforge.skills.pr_analysis.profile import load_profile
+    from opforge.skills.pr_analysis.release import release_diff
+    from opforge.skills.pr_analysis.report_text import to_json, write_json, write_markdown
+    from opforge.skills.pr_analysis.report_xlsx import write_xlsx
+
+    console = Console(stderr=True)
+    to_stdout = json_out is not None and str(json_out) == "-"
+    try:
+        out_p = _out_path("--out", out)
+        json_p = _out_path("--json", json_out)
+        md_p = _out_path("--md", md_out)
+        release = from_torch is not None or to_torch is not None
+        if release and not (from_torch and to_torch):
+            raise InputError("--to-torch" if from_torch else "--from-torch", "release mode needs both --from-torch "
+                                                                             "and --to-torch")
+        if release and (since or until or rev_range):
+            raise InputError("--from-torch", "release mode takes no --since/--until/--range")
+        if not release and repo is None:
+            raise InputError("--repo", "give --repo PATH with --since DATE or --range A..B "
+                                       "(or --from-torch A --to-torch B)")
+        profile = load_profile(backend)
+        if release:
+            report = release_diff(from_torch, to_torch, profile, repo=repo)
+        elif sys.stderr.isatty() and not to_stdout:
+            with Progress(TextColumn("commits"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                          console=console, transient=True) as bar:
+                task = bar.add_task("", total=None)
+                report = analyze_window(repo, profile, since=since, until=until, rev_range=rev_range, web_base=web,
+                                        progress=lambda i, n: bar.update(task, completed=i, total=n))
+        else:
+            report = analyze_window(repo, profile, since=since, until=until, rev_range=rev_range, web_base=web)
+        written = []
+        for path, write in ((out_p, write_xlsx), (json_p, write_json), (md_p, write_markdown)):
+            if path is not None and str(path) != "-":
+                try:
+                    write(report, path)
+                except OSError as exc:
+                    raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
+                written.append(str(path))
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    if to_stdout:
+        typer.echo(to_json(report), nl=False)
+    else:
+        _print_summary(console, report, written)

@@ -1,0 +1,191 @@
+"""Impact of one commit on a backend: signals with evidence, the level they add up to, and what to do.
+
+High: an operator the backend implements or an integration point it relies on changed.
+Medium: new operators, or device-generic behaviour it should pick up (composite kernels, decompositions, tags,
+derivatives of operators it does not implement, integration points outside its profile).
+Low: tests or infrastructure it reuses. None: nothing it runs (docs, CI, other devices' kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opforge.skills.pr_analysis.areas import (
+    DERIVATIVES,
+    NATIVE_FUNCTIONS,
+    POINT_SUGGESTIONS,
+    POINT_TITLES,
+    RANK,
+    classify_path,
+    content_points,
+)
+from opforge.skills.pr_analysis.gitlog import BlobReader, Commit, FileChange
+from opforge.skills.pr_analysis.profile import Profile
+from opforge.skills.pr_analysis.schema_diff import COMPOSITE_KEYS, OpChange, diff_derivatives, diff_native
+
+# Areas whose changed lines are not searched for integration-point names: prose, CI and tests.
+_NO_CONTENT_RULES = {"docs", "releng", "tests"}
+MAX_EVIDENCE = 8
+
+
+@dataclass
+class Signal:
+    level: str
+    kind: str  # operator | derivative | integration | area
+    subject: str  # the overload, integration point or area
+    file: str
+    lines: list[int]
+    why: str
+    suggestion: str
+    snippet: str = ""
+
+    def to_dict(self) -> dict:
+        return {"level": self.level, "kind": self.kind, "subject": self.subject, "file": self.file,
+                "lines": _ranges(self.lines), "why": self.why, "suggestion": self.suggestion, "snippet": self.snippet}
+
+    def cite(self) -> str:
+        loc = f"{self.file}:{_ranges(self.lines)}" if self.lines else self.file
+        return f"{loc} — {self.why}"
+
+
+def _ranges(lines: list[int]) -> str:
+    """1,2,3,7 -> "L1-3, L7" (at most six spans)."""
+    if not lines:
+        return ""
+    nums = sorted(set(lines))
+    spans: list[tuple[int, int]] = []
+    for n in nums:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], n)
+        else:
+            spans.append((n, n))
+    text = ", ".join(f"L{a}" if a == b else f"L{a}-{b}" for a, b in spans[:6])
+    return text + (f" (+{len(spans) - 6} more)" if len(spans) > 6 else "")
+
+
+def grade_op(ch: OpChange, profile: Profile) -> tuple[str, str, str]:
+    """(level, why, suggestion) for one overload change."""
+    target = ch.old_op if ch.change == "renamed" else ch.op
+    mine = profile.implements(target)
+    detail = "; ".join(ch.details)
+    if ch.change == "added":
+        fam = " (a new overload of an operator the backend implements)" if profile.has_family(ch.op) else ""
+        return ("Medium", f"new operator overload {ch.op}{fam}",
+                f"Decide whether the backend implements {ch.op}; until then it falls back or decomposes.")
+    if mine and (ch.change in ("removed", "renamed") or ch.schema_differs):
+        return ("High", f"{target}, implemented by the backend: {detail}",
+                f"Update the backend's registration and kernel of {target} to the new schema ({detail}).")
+    if ch.change in ("removed", "renamed") or ch.schema_differs:
+        if profile.generic:
+            return ("Medium", f"{target}: {detail}", f"If the backend implements {target}, follow the new schema.")
+        return ("Low", f"{target} (not implemented by the backend): {detail}",
+                "No kernel to adapt; its composite or fallback path follows upstream.")
+    keys = set(ch.dispatch_keys_changed)
+    generic_keys = COMPOSITE_KEYS | {"structured_delegate", profile.dispatch_key, f"Autograd{profile.dispatch_key}"}
+    levels = []
+    if keys & generic_keys:
+        lv = "High" if mine else "Medium"
+        levels.append((lv, f"{ch.op}: {detail}",
+                       f"The device-generic kernel of {ch.op} changed ({', '.join(sorted(keys & generic_keys))}): "
+                       "check whether the backend now needs its own kernel or can drop it."))
+    if "tags_changed" in ch.kinds:
+        levels.append(("Medium", f"{ch.op}: {detail}",
+                       f"Tags of {ch.op} changed: torch.compile and fake-tensor behaviour follow them."))
+    if any(k.startswith("field_changed:") for k in ch.kinds):
+        levels.append(("Medium" if mine else "Low", f"{ch.op}: {detail}",
+                       f"Regenerate the backend's bindings for {ch.op}; its codegen metadata changed."))
+    if not levels:
+        return ("None", f"{ch.op}: {detail} (other devices' kernels only)", "Nothing to adapt.")
+    return max(levels, key=lambda t: RANK[t[0]])
+
+
+class CommitGrader:
+    """Grades commits one by one; holds the blob reader and the last yaml texts it split."""
+
+    def __init__(self, profile: Profile, blobs: BlobReader):
+        self.profile = profile
+        self.blobs = blobs
+
+    def _op_signals(self, fc: FileChange, ops: list[dict]) -> list[Signal]:
+        changes = diff_native(self.blobs.read(fc.old_blob), self.blobs.read(fc.new_blob))
+        out = []
+        for ch in changes:
+            level, why, sugg = grade_op(ch, self.profile)
+            d = ch.to_dict()
+            d.update(impact=level, why=why, suggestion=sugg, implemented=self.profile.implements(ch.old_op or ch.op))
+            ops.append(d)
+            out.append(Signal(level, "operator", ch.op, fc.path, [ch.line], why, sugg, (ch.new or ch.old or "")[:160]))
+        return out
+
+    def _derivative_signals(self, fc: FileChange, ops: list[dict]) -> list[Signal]:
+        out = []
+        for ch in diff_derivatives(self.blobs.read(fc.old_blob), self.blobs.read(fc.new_blob)):
+            mine = self.profile.implements(ch.op)
+            if mine:
+                level, why = "High", f"derivative of {ch.op}, implemented by the backend: {'; '.join(ch.details)}"
+                sugg = (f"Check the backward of {ch.op} on the device: the formula may call operators the "
+                        "backend lacks, and any backend autograd override must match.")
+            else:
+                level = "Medium" if self.profile.generic else "Low"
+                why = f"derivative of {ch.op}: {'; '.join(ch.details)}"
+                sugg = "Device-generic autograd change: run the backend's gradient tests for it."
+            ops.append({"op": ch.op, "change": f"derivative {ch.change}", "kinds": ["derivative_changed"],
+                        "details": ch.details, "old": None, "new": None, "old_op": None, "line": ch.line,
+                        "schema_differs": False, "dispatch_keys_changed": [], "impact": level, "why": why,
+                        "suggestion": sugg, "implemented": mine})
+            out.append(Signal(level, "derivative", ch.op, fc.path, [ch.line], why, sugg))
+        return out
+
+    def grade(self, commit: Commit) -> dict:
+        signals: list[Signal] = []
+        ops: list[dict] = []
+        areas: list[str] = []
+        for fc in commit.files:
+            info = classify_path(fc.path)
+            for a in info.areas:
+                if a not in areas:
+                    areas.append(a)
+            lines = [n for n, _ in fc.added] or [n for n, _ in fc.removed]
+            first = (fc.added or fc.removed or [(0, "")])[0][1].strip()[:160]
+            if NATIVE_FUNCTIONS in (fc.path, fc.old_path):
+                signals += self._op_signals(fc, ops)
+                continue
+            if DERIVATIVES in (fc.path, fc.old_path):
+                signals += self._derivative_signals(fc, ops)
+                continue
+            point = info.point or classify_path(fc.old_path).point
+            found = {point: (lines[0] if lines else 0, first)} if point else {}
+            if not set(info.areas) & _NO_CONTENT_RULES:
+                for pid, hit in content_points(fc.added + fc.removed).items():
+                    found.setdefault(pid, hit)
+            for pid, (ln, text) in found.items():
+                mine = self.profile.relies_on(pid)
+                where = "changed" if pid == point else "named in changed lines"
+                signals.append(Signal("High" if mine else "Medium", "integration", pid, fc.path,
+                                      lines if pid == point else [ln],
+                                      f"{POINT_TITLES[pid]} {where}" + ("" if mine else " (outside the profile)"),
+                                      POINT_SUGGESTIONS[pid], text.strip()[:160]))
+            if not found and info.level != "None":
+                signals.append(Signal(info.level, "area", info.areas[0], fc.path, lines,
+                                      f"{info.areas[0]} change", _AREA_SUGGESTION.get(info.level, ""), first))
+        impact = max((s.level for s in signals), key=RANK.__getitem__, default="None")
+        signals.sort(key=lambda s: -RANK[s.level])
+        return {"impact": impact, "areas": areas, "signals": signals, "operators": ops,
+                "points": sorted({s.subject for s in signals if s.kind == "integration"})}
+
+
+_AREA_SUGGESTION = {
+    "Medium": "Device-generic behaviour changed: run the backend's tests for the affected operators.",
+    "Low": "Infrastructure the backend reuses: rebuild and rerun its test suite at the next sync.",
+}
+
+
+def summarise(signals: list[Signal], impact: str) -> tuple[list[dict], str]:
+    """Evidence (strongest first, bounded) and one suggestion line built from the strongest signals."""
+    evidence = [s.to_dict() for s in signals[:MAX_EVIDENCE] if RANK[s.level] > 0 or impact == "None"]
+    seen: list[str] = []
+    for s in signals:
+        if s.level == impact and s.suggestion and s.suggestion not in seen:
+            seen.append(s.suggestion)
+    suggestion = " ".join(seen[:3]) if impact != "None" else "No adaptation needed."
+    return evidence, suggestion
