@@ -53,7 +53,7 @@ def execute(prog, *, seed: int, reseed: bool = True, values: bool = False) -> Ru
         mem.reset_peak_memory_stats()
         base = mem.memory_allocated()
     t0 = time.perf_counter()
-    trace = record(prog.call, values=values)
+    trace = record(prog.call, values=values) if prog.traceable else _plain(prog.call)
     _sync(prog.device)
     run = Run(prog.side, seconds=time.perf_counter() - t0, trace=trace)
     if trace.error is not None:
@@ -63,8 +63,23 @@ def execute(prog, *, seed: int, reseed: bool = True, values: bool = False) -> Ru
         return run
     run.outputs = trace.outputs
     run.others = [x for x in tree_flatten(trace.result)[0] if not isinstance(x, torch.Tensor)]
-    run.peak_bytes = (mem.max_memory_allocated() - base) if mem is not None else trace.peak_bytes
+    if mem is not None:
+        run.peak_bytes = mem.max_memory_allocated() - base
+    elif prog.traceable:  # compiled code allocates outside the dispatcher: not measured on the CPU
+        run.peak_bytes = trace.peak_bytes
     return run
+
+
+def _plain(fn) -> Trace:
+    trace = Trace(records=[])
+    try:
+        trace.result = fn()
+    except Exception as exc:
+        trace.error = exc
+        return trace
+    trace.outputs = [o.detach().to("cpu", copy=True) for o in tree_flatten(trace.result)[0]
+                     if isinstance(o, torch.Tensor)]
+    return trace
 
 
 def expected_dtype(ref_dtype: torch.dtype, lowp: torch.dtype | None) -> torch.dtype:

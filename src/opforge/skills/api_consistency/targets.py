@@ -117,6 +117,7 @@ class Program:
     args: tuple
     kwargs: dict
     device: str
+    traceable: bool = True  # False for compiled code: under a dispatch mode Dynamo runs it eagerly
 
     def call(self):
         args, kwargs = _fresh((self.args, self.kwargs))
@@ -137,7 +138,8 @@ def programs(case, target: Target, args: tuple, kwargs: dict) -> dict[str, Progr
         dut_dtype = target.dtype or base
         dut_device = target.device
         dut_fn = {"compile": lambda **kw: torch.compile(case.fn)(**kw), "custom": target.impl}.get(target.kind, case.fn)
-        return {"dut": Program("dut", dut_fn, (), with_params(dut_device, dut_dtype), dut_device),
+        return {"dut": Program("dut", dut_fn, (), with_params(dut_device, dut_dtype), dut_device,
+                               traceable=target.kind != "compile"),
                 "ref": Program("ref", case.fn, (), with_params("cpu", base), "cpu"),
                 "ref64": Program("ref64", case.fn, (), with_params("cpu", torch.float64), "cpu")}
     ref = Program("ref", case.fn, args, kwargs, "cpu")
@@ -148,7 +150,7 @@ def programs(case, target: Target, args: tuple, kwargs: dict) -> dict[str, Progr
         dut = Program("dut", case.fn, *tree_map(lambda t: t.to(target.device) if isinstance(t, torch.Tensor) else t,
                                                  (args, kwargs)), target.device)
     elif target.kind == "compile":
-        dut = Program("dut", torch.compile(case.fn), args, kwargs, "cpu")
+        dut = Program("dut", torch.compile(case.fn), args, kwargs, "cpu", traceable=False)
     else:
         dut = Program("dut", target.impl, args, kwargs, "cpu")
     return {"dut": dut, "ref": ref, "ref64": ref64}
