@@ -128,7 +128,7 @@ def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
     diags = lint.ruff_check(job.rel, job.text)
     t = Text(job.text)
     chosen: list[tuple[Block, list[Diagnostic]]] = []
-    for d in diags:
+    for d in sorted(diags, key=lambda d: d.code == "I001"):
         if not _ruff_allowed(d, job, wl) or _ruff_key(d, job.text) in job.excluded:
             continue
         edits = [(t.offset(e["location"]["row"], e["location"]["column"] - 1),
@@ -146,6 +146,9 @@ def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
             chosen.append((block, [d]))
     if not chosen:
         return False
+    if any(d.code != "I001" for _, dd in chosen for d in dd):
+        # sort imports last, once removals are done, so its edit is not undone by a later one
+        chosen = [c for c in chosen if any(d.code != "I001" for d in c[1])] or chosen
 
     def prove(group):
         new = apply_blocks(job.text, [b for b, _ in group])
