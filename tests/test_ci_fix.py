@@ -219,8 +219,13 @@ def test_cli_dry_run_commit_and_report(tmp_path):
     md = (out / "ci-fix.md").read_text()
     assert "## Residual issues" in md and "string literal" in md and "## Commands run" in md
 
-    res = runner.invoke(app, ["ci-fix", "--repo", str(repo), "--base", head, "--json"])
+    inside = repo / "ci-report"                 # a report folder inside the repository is not part of the change
+    res = runner.invoke(app, ["ci-fix", "--repo", str(repo), "--base", head, "--report", str(inside), "--json"])
     assert res.exit_code == 1 and json.loads(res.stdout)["fixes"] == []
+    res = runner.invoke(app, ["ci-fix", "--repo", str(repo), "--base", head, "--report", str(inside), "--json"])
+    rep = json.loads(res.stdout)
+    assert (inside / "ci-fix.md").is_file() and not any(e["file"].startswith("ci-report") for e in rep["files"])
+    assert {e["file"] for e in rep["files"]} == set(CHANGE)
 
 
 def test_changed_lines_only(tmp_path):
