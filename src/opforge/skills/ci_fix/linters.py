@@ -61,6 +61,7 @@ class Linters:
         self.log = log
         self._bins: dict[str, str] = {}
         self._typos: dict[tuple[str, str], list[Typo]] = {}
+        self._seen: dict[tuple, subprocess.CompletedProcess] = {}
 
     def _bin(self, name: str) -> str:
         if name not in self._bins:
@@ -68,9 +69,13 @@ class Linters:
         return self._bins[name]
 
     def _run(self, argv: list[str], text: str, label: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run(argv, cwd=self.repo, input=text.encode("utf-8"), capture_output=True)
-        self.log(argv, proc.returncode, stdin=label)
-        return proc
+        # the same command on the same text gives the same answer: the final checks reuse the last step's runs
+        key = (tuple(argv), text)
+        if key not in self._seen:
+            proc = subprocess.run(argv, cwd=self.repo, input=text.encode("utf-8"), capture_output=True)
+            self.log(argv, proc.returncode, stdin=label)
+            self._seen[key] = proc
+        return self._seen[key]
 
     # ruff
     def ruff_check(self, rel: str, text: str) -> list[Diagnostic]:
