@@ -297,3 +297,20 @@ def test_docstring_policy_and_doctests(tmp_path):
     rep = ci_fix(repo)
     assert "what we receive." in (repo / "m.py").read_text() and "# teh call" in (repo / "m.py").read_text()
     assert [r["rule"] for r in rep["residual"]] == ["typo:teh"]
+
+
+def test_project_configuration_is_honoured(tmp_path):
+    """The project's own settings: ruff's `fix = true` must not turn the report into fixed source, and
+    codespell's ignore list keeps a word out of both fixes and residual issues."""
+    repo = tmp_path / "cfg"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo, {"pyproject.toml": "[tool.ruff]\nfix = true\n", "m.py": "X = 1\n",
+                 ".codespellrc": "[codespell]\nignore-words-list = teh\n"})
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=d", "-c", "user.email=d@e", "commit", "-qm", "base")
+    write(repo, {"m.py": "import os\n\nX = 1  # teh value, recieved\n"})
+    rep = ci_fix(repo)
+    assert (repo / "m.py").read_text() == "X = 1  # teh value, received\n"
+    assert [f["rule"] for f in rep["fixes"]] == ["F401", "format", "typo:recieved"] and rep["residual"] == []
+    assert rep["exit_code"] == 0

@@ -79,7 +79,8 @@ class Linters:
 
     # ruff
     def ruff_check(self, rel: str, text: str) -> list[Diagnostic]:
-        argv = [self._bin("ruff"), "check", "--output-format", "json", "--force-exclude", "--no-cache",
+        # --no-fix: a project's `fix = true` would otherwise make ruff print fixed source instead of the report
+        argv = [self._bin("ruff"), "check", "--no-fix", "--output-format", "json", "--force-exclude", "--no-cache",
                 "--stdin-filename", rel, "-"]
         proc = self._run(argv, text, rel)
         if proc.returncode not in (0, 1):
@@ -119,7 +120,7 @@ class Linters:
                     p.write_bytes(text.encode("utf-8"))
                     paths[str(p)] = rel
                 argv = [self._bin("codespell"), "--", *paths]
-                proc = subprocess.run(argv, cwd=self.repo, capture_output=True)
+                proc = subprocess.run(argv, cwd=self.repo, capture_output=True, stdin=subprocess.DEVNULL)
                 self.log(argv, proc.returncode, stdin=f"copies of {len(paths)} file(s) under {tmp}")
                 if proc.returncode not in (0, 65):
                     raise InputError("codespell", f"failed: {_first_line(proc.stderr)}")
