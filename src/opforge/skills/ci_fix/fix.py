@@ -82,6 +82,11 @@ class Job:
     fixes: list[Fix] = field(default_factory=list)
     excluded: dict[tuple, str] = field(default_factory=dict)
     format_off: str | None = None
+    failed: str | None = None                   # an unexpected error: the file is left as it was
+
+    def give_up(self, exc: Exception) -> None:
+        self.failed = f"{type(exc).__name__}: {exc}"
+        self.text, self.steps, self.fixes = self.original, [], []
 
     def __post_init__(self):
         self.text = self.original
@@ -310,17 +315,26 @@ def _process(jobs: list[Job], lint: Linters, wl: Whitelist, progress=None) -> No
         for i, job in enumerate(active):
             if progress and round_ == 0:
                 progress(job.rel, i, len(jobs))
-            if job.lang == "python":
-                for _ in range(MAX_ITERATIONS):
-                    if not _ruff_step(job, lint, wl):
-                        break
-            if job.lang in ("python", "c"):
-                _format_step(job, lint, wl)
+            try:
+                if job.lang == "python":
+                    for _ in range(MAX_ITERATIONS):
+                        if not _ruff_step(job, lint, wl):
+                            break
+                if job.lang in ("python", "c"):
+                    _format_step(job, lint, wl)
+            except InputError:
+                raise
+            except Exception as exc:  # one odd file must not cost the report of all the others
+                job.give_up(exc)
+        active = [j for j in active if not j.failed]
         typos = lint.codespell({j.rel: j.text for j in active})
         for job in active:
-            _codespell_step(job, typos[job.rel], wl)
+            try:
+                _codespell_step(job, typos[job.rel], wl)
+            except Exception as exc:
+                job.give_up(exc)
         # a step that failed its proof changes nothing but excludes fixes: the rest get another round
-        active = [j for j in active if len(j.steps) + len(j.excluded) != marks[id(j)]]
+        active = [j for j in active if not j.failed and len(j.steps) + len(j.excluded) != marks[id(j)]]
         if not active:
             break
 
@@ -353,6 +367,9 @@ def _typo_why(ty: Typo, kind: str, job: Job, wl: Whitelist) -> str:
 
 
 def _residual(job: Job, lint: Linters, wl: Whitelist, typos: list[Typo]) -> list[Residual]:
+    if job.failed:
+        return [Residual(job.rel, 1, "ci-fix", "error", "the file could not be processed",
+                         f"left unchanged: {job.failed}")]
     out: list[Residual] = []
     if job.lang == "python":
         for d in lint.ruff_check(job.rel, job.text):
