@@ -48,6 +48,32 @@ class OpChange:
                 "schema_differs": self.schema_differs, "dispatch_keys_changed": self.dispatch_keys_changed}
 
 
+def _key(chunk: str, marker: str) -> str:
+    return chunk[len(marker):chunk.find("(")].strip().strip("'\"")
+
+
+def _changed_entries(old_text: str, new_text: str, marker: str) -> tuple[dict[str, Entry], dict[str, Entry]]:
+    """Entries whose text is on one side only. Unchanged entries cancel out as whole strings, in C, so a diff
+    costs a split and two set look-ups per entry instead of a parse."""
+    def chunks(text: str) -> list[str]:
+        # str.split on a plain separator runs in C; a regex split with a look-ahead is ten times slower.
+        parts = ("\n" + text).split("\n" + marker)
+        return [marker + p for p in parts[1:]]
+
+    old, new = chunks(old_text), chunks(new_text)
+    so, sn = set(old), set(new)
+
+    def entries(chunks: list[str], other: set[str], text: str) -> dict[str, Entry]:
+        out = {}
+        for c in chunks:
+            if c not in other:
+                k = _key(c, marker)
+                out[k] = Entry(k, text.count("\n", 0, text.find(c)) + 1, c)
+        return out
+
+    return entries(old, sn, old_text), entries(new, so, new_text)
+
+
 def _split(text: str, marker: str) -> dict[str, Entry]:
     entries: dict[str, Entry] = {}
     starts = [m.start() for m in re.finditer("^" + re.escape(marker), text, re.M)]
@@ -237,7 +263,7 @@ def _pair_renames(removed: list[OpChange], added: list[OpChange]) -> list[OpChan
 
 def diff_native(old_text: str, new_text: str) -> list[OpChange]:
     """Every overload added, removed, renamed or changed between two texts of native_functions.yaml."""
-    old, new = split_native(old_text), split_native(new_text)
+    old, new = _changed_entries(old_text, new_text, "- func:")
     changed: list[OpChange] = []
     removed: list[OpChange] = []
     added: list[OpChange] = []
@@ -245,7 +271,7 @@ def diff_native(old_text: str, new_text: str) -> list[OpChange]:
         if key not in new:
             removed.append(OpChange(op=key, change="removed", kinds=["removed"], details=[f"{key} removed"],
                                     old=_func(e), line=e.line, schema_differs=True))
-        elif new[key].text != e.text:
+        else:
             c = _compare(key, e, new[key])
             if c:
                 changed.append(c)
@@ -266,7 +292,7 @@ class DerivativeChange:
 
 def diff_derivatives(old_text: str, new_text: str) -> list[DerivativeChange]:
     """Derivative entries whose formulas changed, keyed by the overload they differentiate."""
-    old, new = split_derivatives(old_text), split_derivatives(new_text)
+    old, new = _changed_entries(old_text, new_text, "- name:")
     out: list[DerivativeChange] = []
     for key in sorted(old.keys() | new.keys()):
         o, n = old.get(key), new.get(key)
@@ -274,7 +300,7 @@ def diff_derivatives(old_text: str, new_text: str) -> list[DerivativeChange]:
             out.append(DerivativeChange(key, "added", ["derivative formula added"], n.line))
         elif n is None:
             out.append(DerivativeChange(key, "removed", ["derivative formula removed"], o.line))
-        elif o.text != n.text:
+        else:
             od, nd = _load(o), _load(n)
             if od == nd:
                 continue
