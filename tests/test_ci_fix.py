@@ -189,7 +189,7 @@ def test_second_run_changes_nothing(fixed):
 
 def test_commands_recorded_verbatim(fixed):
     cmds = [c["command"] for c in fixed["rep"]["commands"]]
-    assert any(" check --output-format json" in c for c in cmds)
+    assert any(" check --no-fix --output-format json" in c for c in cmds)
     assert any(c.split()[0].endswith("codespell") for c in cmds)
     assert any("--output-replacements-xml" in c for c in cmds)
     assert all(isinstance(c["exit_code"], int) for c in fixed["rep"]["commands"])
