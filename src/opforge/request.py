@@ -24,6 +24,25 @@ FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 ATTR_TYPES = {"float": float, "int": int, "bool": bool}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# a dimension may be a product of symbols and sizes ("G*32": groups of 32), for sizes tied to each other
+_PRODUCT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*)(\s*\*\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*))*\s*$")
+
+
+def dim_symbols(d) -> list[str]:
+    """The symbols a shape entry names: [] for a size, ['G'] for 'G*32'."""
+    if not isinstance(d, str):
+        return []
+    return [f.strip() for f in d.split("*") if not f.strip().isdigit()]
+
+
+def dim_size(d, binding: dict[str, int]) -> int:
+    if not isinstance(d, str):
+        return int(d)
+    n = 1
+    for f in d.split("*"):
+        f = f.strip()
+        n *= int(f) if f.isdigit() else binding[f]
+    return n
 
 
 @dataclass
@@ -70,8 +89,9 @@ class Request:
         seen: list[str] = []
         for spec in self.inputs:
             for d in spec.shape:
-                if isinstance(d, str) and d not in seen:
-                    seen.append(d)
+                for sym in dim_symbols(d):
+                    if sym not in seen:
+                        seen.append(sym)
         return seen
 
     @property
@@ -79,7 +99,7 @@ class Request:
         return {a.name: a.default for a in self.attributes}
 
     def input_shape(self, spec: InputSpec, binding: dict[str, int]) -> tuple[int, ...]:
-        return tuple(binding[d] if isinstance(d, str) else d for d in spec.shape)
+        return tuple(dim_size(d, binding) for d in spec.shape)
 
     def load_reference(self) -> Callable:
         return load_function(self.dir / self.reference_file, self.reference_func, f"{REQUEST_FILE}: reference")
@@ -168,9 +188,10 @@ def load_request(request_dir: str | Path) -> Request:
         shape = _field(spec, "shape", where, list)
         for d in shape:
             ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
-                isinstance(d, str) and _SYMBOL.match(d))
+                isinstance(d, str) and _PRODUCT.match(d) and dim_symbols(d))
             if not ok:
-                raise InputError(f"{REQUEST_FILE}: {where}shape", f"{d!r} is neither a symbol nor a positive int")
+                raise InputError(f"{REQUEST_FILE}: {where}shape",
+                                 f"{d!r} is neither a symbol, a product like 'G*32', nor a positive int")
         dtype = _field(spec, "dtype", where, (str, list))
         like = None
         if isinstance(dtype, str) and dtype.startswith("like "):
@@ -222,7 +243,7 @@ def load_request(request_dir: str | Path) -> Request:
     p0 = _field(shapes, "p0", "shapes.", list)
     if not p0:
         raise InputError(f"{REQUEST_FILE}: shapes.p0", "at least one shape binding is required")
-    symbols = [d for s in inputs for d in s.shape if isinstance(d, str)]
+    symbols = [sym for s in inputs for d in s.shape for sym in dim_symbols(d)]
     for k, binding in enumerate(p0):
         where = f"{REQUEST_FILE}: shapes.p0[{k}]"
         if not isinstance(binding, dict):

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import sympy
 
 from opforge.codegen.emit import emit_module
-from opforge.codegen.plan import KernelPlan, plan_kernel, shape_exprs
+from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
+from opforge.codegen.rows import RowPlan, plan_rows
 from opforge.codegen.trace import TracedOp, trace_request
 from opforge.request import Request
 
@@ -15,30 +16,48 @@ from opforge.request import Request
 @dataclass
 class Build:
     traced: TracedOp
-    forward: KernelPlan
-    backward: KernelPlan | None
+    forward: KernelPlan | RowPlan
+    backward: KernelPlan | RowPlan | None
     dims: dict  # shape symbol -> Python expression reading it from an input
+
+
+def graph_dims(gm, names: list[str]) -> dict:
+    """Each size symbol of a graph -> Python source reading it off an input ('weight.shape[0]')."""
+    dims = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for pname, node in zip(names, placeholders):
+        for d, e in enumerate(shape_exprs(node.meta["val"])):
+            if isinstance(e, sympy.Symbol) and e not in dims:
+                dims[e] = f"{pname}.shape[{d}]"
+    return dims
+
+
+def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list[tuple[str, int]],
+              like: dict) -> KernelPlan | RowPlan:
+    """The flat kernel when every value is full-size or a scalar; otherwise the row kernel."""
+    try:
+        return plan_kernel(name, gm, input_names, outputs, like)
+    except Unsupported:
+        dims = graph_dims(gm, input_names)
+        named = symbol_map(gm, req)
+        names = {s: named.get(s, str(s)) for s in dims}
+        plan = plan_rows(name, gm, input_names, outputs, like, names)
+        plan.dims = dims
+        return plan
 
 
 def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
-    fwd = plan_kernel("forward", traced.forward, traced.input_names,
-                      [(n, i) for i, n in enumerate(traced.output_names)], traced.output_like)
+    fwd = plan_pass(req, "forward", traced.forward, traced.input_names,
+                    [(n, i) for i, n in enumerate(traced.output_names)], traced.output_like)
     bwd = None
     if traced.joint is not None:
         n_out = len(traced.output_names)
         grad_names = [f"grad_{g}" for g in traced.grad_inputs]
         like = {g: g[len("grad_"):] for g in grad_names}
-        bwd = plan_kernel("backward", traced.joint,
-                          traced.input_names + [f"grad_{o}" for o in traced.output_names],
-                          [(g, n_out + k) for k, g in enumerate(grad_names)], like)
-    dims = {}
-    placeholders = [n for n in traced.forward.graph.nodes if n.op == "placeholder"]
-    for pname, node in zip(traced.input_names, placeholders):
-        for d, e in enumerate(shape_exprs(node.meta["val"])):
-            if isinstance(e, sympy.Symbol) and e not in dims:
-                dims[e] = f"{pname}.shape[{d}]"
-    return Build(traced, fwd, bwd, dims)
+        bwd = plan_pass(req, "backward", traced.joint, traced.input_names + [f"grad_{o}" for o in traced.output_names],
+                        [(g, n_out + k) for k, g in enumerate(grad_names)], like)
+    return Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
 
 
 def generate_impl(req: Request, build: Build) -> str:
@@ -56,19 +75,32 @@ def symbol_map(gm, req: Request) -> dict:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for spec, node in zip(req.inputs, placeholders):
         for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
-            if isinstance(e, sympy.Symbol) and isinstance(d, str):
+            if isinstance(e, sympy.Symbol) and isinstance(d, str) and d.isidentifier():
                 out[e] = d
+    return out
+
+
+def graph_binding(gm, req: Request, binding: dict) -> dict:
+    """Graph size symbols -> sizes, read off the inputs' shapes under a binding of the request's symbols."""
+    out = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for spec, node in zip(req.inputs, placeholders):
+        for size, e in zip(req.input_shape(spec, binding), shape_exprs(node.meta["val"])):
+            if isinstance(e, sympy.Symbol):
+                out[e] = size
     return out
 
 
 def numel_of(gm, req: Request, binding: dict):
     """A function node -> element count under a shape binding of the request's symbols."""
-    smap = symbol_map(gm, req)
-    subs = {s: binding[name] for s, name in smap.items()}
+    from opforge.codegen.symbolic import shape_env_of, shape_of
+
+    env = shape_env_of(gm)
+    subs = graph_binding(gm, req, binding)
 
     def numel(node) -> int:
         n = 1
-        for e in shape_exprs(node.meta["val"]):
-            n *= int(sympy.sympify(e).subs(subs)) if not isinstance(e, int) else e
+        for e in shape_of(node, env):
+            n *= int(sympy.sympify(e).xreplace(subs)) if not e.is_number else int(e)
         return n
     return numel

@@ -98,31 +98,52 @@ def dataflow_ascii(gm: torch.fx.GraphModule, input_names: list[str], output_name
     return "\n".join(lines)
 
 
-def output_traits(gm: torch.fx.GraphModule, indices: list[int]) -> list[dict]:
-    """For each wanted output: exact (only exact ops, no reduction) and reduced (a reduction upstream)."""
+def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict | None = None) -> list[dict]:
+    """For each wanted output: exact (only exact ops, no reduction), reduced (a reduction upstream) and
+    reduced_extent, the most elements any upstream reduction sums, as Python over the request's symbols
+    (the K of the √K tolerance: a row's length for a norm, every element for a loss)."""
+    from opforge.codegen.symbolic import product, pysrc, shape_env_of, shape_of
+
+    env = shape_env_of(gm)
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
     memo: dict = {}
 
+    def extent(n):
+        shape = shape_of(n.args[0], env)
+        dims = n.args[1] if len(n.args) > 1 and n.args[1] not in (None, []) else range(len(shape))
+        dims = [dims] if isinstance(dims, int) else dims
+        return product([shape[d % len(shape)] for d in dims]) if shape else product([])
+
     def walk(n):
         if n in memo:
             return memo[n]
-        exact, reduced = True, False
+        exact, extents = True, []
         if n.op == "call_function":
             rule = OP_TABLE.get(op_name(n.target))
             exact = bool(rule and rule.exact and rule.kind != REDUCTION)
-            reduced = bool(rule and rule.kind == REDUCTION)
+            if rule and rule.kind == REDUCTION:
+                extents.append(extent(n))
         for a in n.all_input_nodes:
-            e, r = walk(a)
-            exact, reduced = exact and e, reduced or r
-        memo[n] = (exact, reduced)
+            e, ext = walk(a)
+            exact = exact and e
+            extents += [x for x in ext if all(x != y for y in extents)]
+        memo[n] = (exact, extents)
         return memo[n]
 
     traits = []
     for i in indices:
-        e, r = walk(results[i])
-        traits.append({"exact": e and not r, "reduced": r})
+        e, extents = walk(results[i])
+        k = max(extents, key=lambda x: _hint(x, env)) if extents else None
+        traits.append({"exact": e and not extents, "reduced": bool(extents),
+                       "reduced_extent": pysrc(k, sym_names or {}) if k is not None else None})
     return traits
+
+
+def _hint(expr, env) -> int:
+    from opforge.codegen.symbolic import hint
+
+    return hint(expr, env) or 0
 
 
 def eager_cost(gm: torch.fx.GraphModule, binding_numel: dict, elem_bytes: int) -> dict:
@@ -133,13 +154,15 @@ def eager_cost(gm: torch.fx.GraphModule, binding_numel: dict, elem_bytes: int) -
         if n.op != "call_function":
             continue
         rule = OP_TABLE.get(op_name(n.target))
-        if rule and rule.kind == VIEW:
-            continue
+        if (rule and rule.kind == VIEW) or not isinstance(n.meta.get("val"), torch.Tensor):
+            continue  # views are free; arithmetic on sizes runs on the host
         kernels += 1
 
         def size(x):
             val = x.meta.get("val")
-            b = 1 if val is not None and val.dtype == torch.bool else elem_bytes
+            if not isinstance(val, torch.Tensor):
+                return 0
+            b = 1 if val.dtype == torch.bool else elem_bytes
             return binding_numel(x) * b
 
         nbytes += size(n) + sum(size(a) for a in n.all_input_nodes)

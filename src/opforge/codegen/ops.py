@@ -12,7 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 POINTWISE, REDUCTION, VIEW, CONSTANT = "pointwise", "reduction", "view", "constant"
+SHIFT = "shift"  # slices and concatenations along the last dimension: the same rows, other columns
+SYMBOLIC = "symbolic"  # arithmetic on sizes, evaluated from the kernel's size arguments
 
 
 @dataclass(frozen=True)
@@ -46,12 +50,21 @@ def _nan_min(a, b, **_):
 
 
 def _pow(a, e, **_):
-    if e == 2 or e == 2.0:
-        return f"{a} * {a}"
-    if e == 0.5:
-        return f"tl.sqrt_rn({a})"
-    if e == -1 or e == -1.0:
+    try:
+        v = float(e)
+    except ValueError:  # a run-time attribute: a general power, defined for positive bases
+        return f"tl.exp2(tl.log2({a}) * {e})"
+    if v == int(v) and 0 <= v <= 4:  # small integer powers as products: exact signs, no log of negatives
+        return "(" + " * ".join([a] * int(v)) + ")" if v else f"({a} * 0.0 + 1.0)"
+    if v == -1:
         return f"tl.div_rn(1.0, {a})"
+    if v == 0.5:
+        return f"tl.sqrt_rn({a})"
+    if v == -0.5:
+        return f"tl.div_rn(1.0, tl.sqrt_rn({a}))"
+    if v == int(v):  # other integer powers keep the sign of odd powers of negatives
+        odd = "-1.0" if int(v) % 2 else "1.0"
+        return f"tl.where({a} < 0, {odd}, 1.0) * tl.exp2(tl.log2(tl.abs({a})) * {e})"
     return f"tl.exp2(tl.log2({a}) * {e})"
 
 
@@ -92,10 +105,14 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.tanh.default": OpRule(
         _P, lambda a, **_: f"(1.0 - tl.div_rn(2.0, tl.exp(2.0 * {a}) + 1.0))", False, "tl.exp"),
     "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, 1.0 + tl.exp(-{a}))", False, "tl.exp"),
+    "aten.sin.default": OpRule(_P, lambda a, **_: f"tl.sin({a})", False, "tl.sin"),
+    "aten.cos.default": OpRule(_P, lambda a, **_: f"tl.cos({a})", False, "tl.cos"),
     # rounding
     "aten.round.default": OpRule(_P, lambda a, **_: f"_round_half_even({a})", True, "tl.floor, tl.where"),
     "aten.floor.default": OpRule(_P, lambda a, **_: f"tl.floor({a})", True, "tl.floor"),
     "aten.ceil.default": OpRule(_P, lambda a, **_: f"tl.ceil({a})", True, "tl.ceil"),
+    "aten.sgn.default": OpRule(
+        _P, lambda a, **_: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a}))", True, "tl.where"),
     "aten.sign.default": OpRule(
         _P, lambda a, **_: f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a}))", True, "tl.where"),
     # clamps and selects
@@ -105,6 +122,8 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.maximum.default": OpRule(_P, _nan_max, True, "tl.maximum, tl.where"),
     "aten.minimum.default": OpRule(_P, _nan_min, True, "tl.minimum, tl.where"),
     "aten.where.self": OpRule(_P, lambda c, a, b, **_: f"tl.where({c}, {a}, {b})", True, "tl.where"),
+    "aten.masked_fill.Scalar": OpRule(_P, lambda a, m, v, **_: f"tl.where({m}, {v}, {a})", True, "tl.where"),
+    "aten.relu.default": OpRule(_P, lambda a, **_: f"tl.where({a} > 0, {a}, {a} * 0.0)", True, "tl.where"),
     # comparisons and logic (int1 in registers)
     "aten.gt.Scalar": OpRule(_P, _cmp(">"), True, ">"),
     "aten.gt.Tensor": OpRule(_P, _cmp(">"), True, ">"),
@@ -149,6 +168,19 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, tl.div_rn"),
     "aten.amax.default": OpRule(REDUCTION, None, True, "tl.max + atomic_max | ordered partials"),
     "aten.amin.default": OpRule(REDUCTION, None, True, "tl.min + atomic_min | ordered partials"),
+    # last-dimension slices and concatenations (row planner): loads at shifted columns
+    "aten.slice.Tensor": OpRule(SHIFT, None, True, "load at a column offset"),
+    "aten.cat.default": OpRule(SHIFT, None, True, "tl.where over column ranges"),
+    "aten.slice_backward.default": OpRule(SHIFT, None, True, "tl.where over a column range"),
+    # sizes: Python arithmetic on shapes, done on the kernel's integer size arguments
+    "aten.sym_size.int": OpRule(SYMBOLIC, None, True, "size argument"),
+    "aten.sym_numel.default": OpRule(SYMBOLIC, None, True, "product of size arguments"),
+    "operator.mul": OpRule(SYMBOLIC, None, True, "*"),
+    "operator.add": OpRule(SYMBOLIC, None, True, "+"),
+    "operator.sub": OpRule(SYMBOLIC, None, True, "-"),
+    "operator.floordiv": OpRule(SYMBOLIC, None, True, "//"),
+    "operator.truediv": OpRule(SYMBOLIC, None, True, "/"),
+    "torch.sym_float": OpRule(SYMBOLIC, None, True, "(float)"),
 }
 
 REDUCE_KIND = {
@@ -158,6 +190,10 @@ REDUCE_KIND = {
 
 
 def op_name(target) -> str:
-    """'aten.add.Tensor' for torch.ops.aten.add.Tensor."""
-    return str(target)
+    """'aten.add.Tensor' for torch.ops.aten.add.Tensor; 'operator.mul' for Python arithmetic on sizes."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", str(target))
+    return f"{'operator' if module in ('_operator', 'operator') else module}.{name}"
 

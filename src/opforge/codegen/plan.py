@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from opforge.codegen.ops import CONSTANT, OP_TABLE, REDUCE_KIND, REDUCTION, VIEW, op_name
+from opforge.codegen.ops import CONSTANT, OP_TABLE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.trace import AttrRef
 
 
@@ -61,6 +61,7 @@ class OutArg:
     like: str | None  # input whose dtype the output takes
     exact: bool  # bit-exact against the float32 golden
     block: bool  # the register value is a block (False: a scalar broadcast at the store)
+    store: str = "full"  # row kernels: full | row | col | scalar
 
 
 @dataclass
@@ -125,6 +126,10 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     bad = unsupported_ops(graph)
     if bad:
         raise Unsupported(bad, "no Triton lowering for")
+    shaped = [op_name(n.target) for n in graph.nodes
+              if n.op == "call_function" and OP_TABLE[op_name(n.target)].kind in (SHIFT, SYMBOLIC)]
+    if shaped:
+        raise Unsupported(shaped[:1], "the flat kernel has no column index (slices, sizes): the row kernel")
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)

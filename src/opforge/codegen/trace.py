@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from opforge.codegen.decompose import DECOMPOSITIONS, rewrite_variance
 from opforge.errors import InputError
 from opforge.request import Request
 
@@ -87,7 +88,7 @@ def run_reference(req: Request, fn, tensors, attrs):
 def _make_fx(req: Request, f, args):
     where = f"{req.reference_file}:{req.reference_func}"
     try:
-        return make_fx(f, tracing_mode="symbolic")(*args)
+        return make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*args)
     except InputError:
         raise
     except Exception as exc:
@@ -154,9 +155,28 @@ def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.Grap
     return used
 
 
+def _candidate_bindings(req: Request):
+    """Small distinct sizes first; then the p0 shapes whose sizes are distinct, for references whose sizes are
+    related (a group size that must divide a row). Distinct sizes keep make_fx from merging two symbols."""
+    yield example_binding(req)
+    for b in sorted(req.p0, key=lambda b: sum(b.values())):
+        if len(set(b.values())) == len(b) and all(v > 1 for v in b.values()):
+            yield dict(b)
+
+
 def trace_request(req: Request) -> TracedOp:
     fn = req.load_reference()
-    binding = example_binding(req)
+    first_error = None
+    for binding in _candidate_bindings(req):
+        try:
+            traced = _trace_at(req, fn, binding)
+            return traced
+        except TraceError as exc:
+            first_error = first_error or exc
+    raise first_error
+
+
+def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     tensors = example_inputs(req, binding)
     outs = run_reference(req, fn, tensors, req.attr_defaults)
     where = f"{req.reference_file}:{req.reference_func}"
@@ -185,5 +205,8 @@ def trace_request(req: Request) -> TracedOp:
         joint, joint_b = _trace_pair(req, fn, tensors, grads=True)
         used |= _bind_attributes(req, joint, joint_b)
     runtime = [a.name for a in req.attributes if a.name in used]
+    for gm in (fwd_a, joint):
+        if gm is not None:
+            rewrite_variance(gm)
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
                     binding)

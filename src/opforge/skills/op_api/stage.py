@@ -33,43 +33,55 @@ def _op_rows(traced) -> list[dict]:
     return rows
 
 
-def _pass_bytes(plan, numel_in, numel_out, eb: int) -> int:
-    return sum(numel_in[a.name] * eb for a in plan.inputs) + sum(numel_out[o.name] * eb for o in plan.outputs)
+def _pass_bytes(gm, req, binding, wanted: list[int], n_inputs: int, eb: int) -> int:
+    """Minimum bytes of one fused pass: each tensor it reads once, each output it writes once."""
+    numel = numel_of(gm, req, binding)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:n_inputs]
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    return eb * (sum(numel(p) for p in placeholders) + sum(numel(results[i]) for i in wanted))
+
+
+def _kernels(plan) -> int:
+    return getattr(plan, "kernels", 1)
 
 
 def cost_model(req: Request, traced, build) -> list[dict]:
     rows = []
+    n_out = len(traced.output_names)
+    n_in = len(traced.input_names)
     for binding in req.p0:
-        numel_in = {}
-        for spec in req.inputs:
-            n = 1
-            for d in req.input_shape(spec, binding):
-                n *= d
-            numel_in[spec.name] = n
-        n_elem = max(numel_in.values())
-        for o in build.forward.outputs:  # upstream gradients have their output's shape
-            numel_in[f"grad_{o.name}"] = n_elem if o.full else 1
-        numel_out = {o.name: (n_elem if o.full else 1) for o in build.forward.outputs}
-        if build.backward:
-            numel_out.update({o.name: (n_elem if o.full else 1) for o in build.backward.outputs})
+        n_elem = max(_numel(req.input_shape(s, binding)) for s in req.inputs)
         for dt in req.dtypes:
             eb = ELEM_BYTES[dt]
             f_eager = eager_cost(traced.forward, numel_of(traced.forward, req, binding), eb)
             row = {"binding": binding, "dtype": dt, "elements": n_elem,
-                   "forward": {"fused_kernels": 1, "fused_bytes": _pass_bytes(build.forward, numel_in, numel_out, eb),
+                   "forward": {"fused_kernels": _kernels(build.forward),
+                               "fused_bytes": _pass_bytes(traced.forward, req, binding, list(range(n_out)), n_in, eb),
                                "eager_kernels": f_eager["kernels"], "eager_bytes": f_eager["bytes"],
                                "flops": len(build.forward.body + build.forward.epilogue) * n_elem}}
             if build.backward:
                 j = eager_cost(traced.joint, numel_of(traced.joint, req, binding), eb)
+                grads = list(range(n_out, n_out + len(traced.grad_inputs)))
                 row["backward"] = {
-                    "fused_kernels": 1, "fused_bytes": _pass_bytes(build.backward, numel_in, numel_out, eb),
+                    "fused_kernels": _kernels(build.backward),
+                    "fused_bytes": _pass_bytes(traced.joint, req, binding, grads, n_in + n_out, eb),
                     "eager_kernels": j["kernels"] - f_eager["kernels"], "eager_bytes": j["bytes"] - f_eager["bytes"],
                     "flops": len(build.backward.body + build.backward.epilogue) * n_elem}
             for p in ("forward", "backward"):
                 if p in row:
                     row[p]["arithmetic_intensity"] = round(row[p]["flops"] / max(1, row[p]["fused_bytes"]), 3)
+                    plan = build.forward if p == "forward" else build.backward
+                    row[p]["row_passes"] = getattr(plan, "phases", 0) + 1
             rows.append(row)
     return rows
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _md(req, rows, unsupported, why, cost, build) -> str:

@@ -25,7 +25,8 @@ def render_tests(ws: Workspace, spec: dict, design: dict) -> str:
     return Template(TEST_TEMPLATE.read_text()).substitute(
         op=spec["op_name"], dtypes=repr(spec["supported_dtypes"]), p0=repr(spec["p0_shapes"]),
         tolerance=repr(spec["tolerance"]), exact=repr(spec["exact_outputs"]),
-        reduced=repr(spec["reduced_outputs"]), backward=repr(bool(spec["backward"])),
+        reduced=repr(spec["reduced_outputs"]), reduced_extent=repr(spec.get("reduced_extent", {})),
+        backward=repr(bool(spec["backward"])),
         level0=repr(design["verification"]["level0"]), level1=repr(design["verification"]["level1"]),
         symbols=repr(spec["dynamic_axes"]), runtime_attrs=repr(spec["runtime_params"]))
 

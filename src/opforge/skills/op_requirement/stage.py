@@ -22,9 +22,10 @@ SCHEMA_VERSION = 1
 def build_spec(req: Request) -> tuple[dict, object]:
     traced = trace_request(req)
     n_out = len(traced.output_names)
-    fwd_traits = output_traits(traced.forward, list(range(n_out)))
+    fwd_traits = output_traits(traced.forward, list(range(n_out)), symbol_map(traced.forward, req))
     grad_names = [f"grad_{g}" for g in traced.grad_inputs]
-    bwd_traits = output_traits(traced.joint, list(range(n_out, n_out + len(grad_names)))) if traced.joint else []
+    bwd_traits = output_traits(traced.joint, list(range(n_out, n_out + len(grad_names))),
+                               symbol_map(traced.joint, req)) if traced.joint else []
     traits = dict(zip(traced.output_names + grad_names, fwd_traits + bwd_traits))
     tolerance = {}
     for dt in req.dtypes:
@@ -52,6 +53,7 @@ def build_spec(req: Request) -> tuple[dict, object]:
         "grad_inputs": traced.grad_inputs if req.backward else [],
         "exact_outputs": [n for n, t in traits.items() if t["exact"]],
         "reduced_outputs": [n for n, t in traits.items() if t["reduced"]],
+        "reduced_extent": {n: t["reduced_extent"] for n, t in traits.items() if t["reduced"]},
     }
     return spec, traced
 

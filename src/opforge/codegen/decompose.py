@@ -1,0 +1,69 @@
+"""Composite ATen ops split into the pointwise ops and reductions the planners lower.
+
+Softmax, log-softmax, logsumexp, GELU, SiLU, layer norm and their backward formulas are traced through
+PyTorch's own decompositions (`torch._decomp`), so the graph says exactly what PyTorch computes.
+Variance is rewritten here as mean((x - mean(x))²) · n / (n - correction): the decompositions lower it to
+prims that carry no ATen schema, and this two-level form is the numerically safe one a kernel wants anyway.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch._decomp import get_decompositions
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+
+DECOMPOSITIONS = get_decompositions([
+    aten._softmax, aten._softmax_backward_data, aten._log_softmax, aten._log_softmax_backward_data,
+    aten.logsumexp, aten.silu, aten.silu_backward, aten.gelu, aten.gelu_backward, aten.tanh_backward,
+    aten.sigmoid_backward, aten.native_layer_norm, aten.native_layer_norm_backward, aten.rsub,
+])
+
+_VAR = (aten.var.correction, aten.var_mean.correction)
+
+
+def rewrite_variance(gm: torch.fx.GraphModule) -> None:
+    """Replace var / var_mean nodes by means, in place."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _VAR:
+            continue
+        x = node.args[0]
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        correction = node.kwargs.get("correction", 1)
+        correction = 1 if correction is None else correction
+        keepdim = node.kwargs.get("keepdim", False)
+        xv = x.meta["val"]
+        dims = list(range(xv.dim())) if dims is None else list(dims)
+        mode = detect_fake_mode([xv])
+
+        def add(target, args, node=node):
+            with graph.inserting_before(node):
+                new = graph.call_function(target, args)
+            with mode:
+                new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
+            return new
+
+        mean_k = add(aten.mean.dim, (x, dims, True))
+        diff = add(aten.sub.Tensor, (x, mean_k))
+        sq = add(aten.mul.Tensor, (diff, diff))
+        var = add(aten.mean.dim, (sq, dims, keepdim))
+        if correction:
+            n = 1
+            for d in dims:
+                n = n * xv.shape[d]
+            var = add(aten.mul.Tensor, (var, add(operator.truediv, (n, n - correction))))
+        if node.target == aten.var.correction:
+            node.replace_all_uses_with(var)
+        else:
+            mean = mean_k if keepdim else add(aten.mean.dim, (x, dims, False))
+            for user in list(node.users):
+                if user.target is operator.getitem:
+                    user.replace_all_uses_with(var if user.args[1] == 0 else mean)
+                    graph.erase_node(user)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()

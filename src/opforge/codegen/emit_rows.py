@@ -1,0 +1,461 @@
+"""Triton source for row plans (codegen/rows.py): one kernel per pass and its launch wrapper.
+
+Values are emitted on demand, where their dependencies put them: scalars at the top, per-row values
+before the column loop that needs them, tiles inside it, post-reduction values in the last program.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from opforge.codegen.ops import CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.plan import _literal
+from opforge.codegen.rows import RowPlan
+from opforge.codegen.symbolic import SYM_OPS, product, pysrc, shape_env_of, shape_of
+
+_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}
+_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+_KWARGS_DROPPED = ("pin_memory", "layout", "device", "memory_format")
+
+
+class _Block:
+    def __init__(self, indent: int, cols: bool, post: bool = False):
+        self.lines: list[str] = []
+        self.pad = "    " * indent
+        self.cols = cols  # inside a column loop: `cols` is defined
+        self.post = post  # in the last program, after the cross-program reductions
+        self.cache: dict = {}
+        self.exprs: dict = {}
+
+    def add(self, line: str) -> None:
+        self.lines.append(self.pad + line)
+
+
+class _Emitter:
+    def __init__(self, plan: RowPlan):
+        self.p = plan
+        self.env = shape_env_of(plan.gm)
+        self.inputs = {plan.gm.graph.find_nodes(op="placeholder")[i.placeholder]: i for i in plan.inputs}
+        self.head = _Block(1, False)  # values without rows or columns, computed first
+        self.rowvals: dict = {}  # node -> name, values without columns (computed once per program)
+        self.pre: _Block = self.head
+        self.shifts: dict[str, int] = {}  # column offsets seen, numbered for readable names
+
+    # -- operands ------------------------------------------------------------------------------------------
+    def sym(self, a) -> str:
+        if isinstance(a, int) and not isinstance(a, bool):
+            return str(a)
+        if isinstance(a, torch.fx.Node):
+            if a.op == "call_function" and OP_TABLE[op_name(a.target)].kind == SYMBOLIC:
+                t = a.target
+                if op_name(t) == "aten.sym_size.int":
+                    return f"({pysrc(shape_of(a.args[0], self.env)[a.args[1]], self.p.symbols)})"
+                if op_name(t) == "aten.sym_numel.default":
+                    return f"({pysrc(product(shape_of(a.args[0], self.env)), self.p.symbols)})"
+                if op_name(t) in ("torch.sym_float", "torch.sym_int"):
+                    return self.sym(a.args[0])
+                return f"({self.sym(a.args[0])} {SYM_OPS[t]} {self.sym(a.args[1])})"
+            raise KeyError(a)
+        if isinstance(a, (torch.SymInt, torch.SymFloat)):
+            return f"({pysrc(a.node.expr, self.p.symbols)})"
+        return _literal(a)
+
+    def render(self, a, shift, blk):
+        """An operand of pointwise math: sizes become floats there."""
+        if isinstance(a, torch.fx.Node):
+            if a.op == "call_function" and OP_TABLE[op_name(a.target)].kind == SYMBOLIC:
+                return f"({self.sym(a)} * 1.0)"
+            return self.ev(a, shift, blk)
+        if isinstance(a, (list, tuple)):
+            return a
+        if isinstance(a, (torch.SymInt, torch.SymFloat)):
+            return f"({self.sym(a)} * 1.0)"
+        return _literal(a)
+
+    # -- values --------------------------------------------------------------------------------------------
+    def ev(self, node, shift: str, blk: _Block) -> str:
+        """A name (or inline expression) holding `node` at column offset `shift` in block `blk`."""
+        i = self.p.info[node]
+        if not i.dc:
+            shift = "0"
+        if node in self.rowvals:
+            return self.rowvals[node]
+        key = (node, shift)
+        if key in blk.cache:
+            return blk.cache[key]
+        # values without columns live outside column loops: scalars at the top, row values before the loop
+        home = self.head if not i.dr else self.pre
+        if not i.dc and not i.post and blk.cols and home is not blk:
+            return self.ev(node, shift, home)
+        name = self._emit(node, shift, blk)
+        if not i.dc and not i.post:
+            self.rowvals[node] = name
+        else:
+            blk.cache[key] = name
+        return name
+
+    def _target(self, node, shift) -> str:
+        if shift == "0":
+            return node.name
+        return f"{node.name}_sh{self.shifts.setdefault(shift, len(self.shifts) + 1)}"
+
+    def _emit(self, node, shift: str, blk: _Block) -> str:
+        if node.op == "placeholder":
+            return self._load(node, shift, blk)
+        key = op_name(node.target)
+        rule = OP_TABLE[key]
+        if rule.kind == SYMBOLIC:
+            return self.sym(node)
+        if rule.kind == VIEW:
+            return self.ev(node.args[0], shift, blk)
+        if rule.kind == SHIFT:
+            return self._shift(node, key, shift, blk)
+        if rule.kind in ("reduction",):
+            raise RuntimeError(f"reduction {node.name} used before it is finished")
+        args = [self.render(a, shift, blk) for a in node.args]
+        kwargs = {k: self.render(v, shift, blk) for k, v in node.kwargs.items() if k not in _KWARGS_DROPPED}
+        if key == "aten._to_copy.default":
+            kwargs["dtype"] = str(node.kwargs.get("dtype"))
+        elif rule.kind == CONSTANT:
+            kwargs.pop("dtype", None)
+            return f"({rule.emit(*args, **kwargs)})"
+        expr = rule.emit(*args, **kwargs)
+        if expr in blk.exprs:
+            return blk.exprs[expr]
+        target = self._target(node, shift)
+        blk.add(f"{target} = {expr}  # {key}")
+        blk.exprs[expr] = target
+        return target
+
+    def _load(self, node, shift: str, blk: _Block) -> str:
+        m = self.inputs[node]
+        i = self.p.info[node]
+        if m.layout == "scalar":
+            self.head.add(f"{m.name} = tl.load({m.name}_ptr).to(tl.float32)  # one value for the whole tensor")
+            return m.name
+        if not i.dc:
+            self.pre.add(f"{m.name} = tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0).to(tl.float32)")
+            return m.name
+        col = "cols" if shift == "0" else f"(cols + {shift})"
+        mask = [] if not i.dr else ["rmask"]
+        mask += [f"({col} < {self.ext(i.ext)})"] if shift == "0" else [f"({col} >= 0)", f"({col} < {self.ext(i.ext)})"]
+        off = f"{m.row_off} + {col}" if i.dr else col
+        target = m.name if shift == "0" else self._target(node, shift).replace(node.name, m.name)
+        blk.add(f"{target} = tl.load({m.name}_ptr + {off}, mask={' & '.join(mask)}, other=0.0).to(tl.float32)")
+        return target
+
+    def _shift(self, node, key, shift, blk) -> str:
+        def at(off):
+            return off if shift == "0" else f"{shift} + {off}" if off != "0" else shift
+
+        if key == "aten.slice.Tensor":
+            start = self.sym(node.args[2]) if len(node.args) > 2 and node.args[2] is not None else "0"
+            return self.ev(node.args[0], at(start), blk)
+        col = "cols" if shift == "0" else f"(cols + {shift})"
+        if key == "aten.slice_backward.default":
+            start, end = self.sym(node.args[3]), node.args[4]
+            end = self.ext(self.p.info[node].ext) if isinstance(end, int) and end >= 2 ** 31 else self.sym(end)
+            inner = self.ev(node.args[0], at(f"-({start})"), blk)
+            target = self._target(node, shift)
+            blk.add(f"{target} = tl.where(({col} >= {start}) & ({col} < {end}), {inner}, 0.0)  # {key}")
+            return target
+        # cat: each part owns a range of columns
+        parts, offset, expr = node.args[0], "0", None
+        pieces = []
+        for p in parts:
+            width = self.ext(self.p.info[p].ext) if self.p.info[p].dc else "1"
+            pieces.append((offset, width, self.ev(p, at(f"-({offset})") if offset != "0" else shift, blk)))
+            offset = width if offset == "0" else f"{offset} + {width}"
+        expr = pieces[-1][2]
+        for off, width, val in reversed(pieces[:-1]):
+            end = width if off == "0" else f"{off} + {width}"
+            expr = f"tl.where({col} < {end}, {val}, {expr})"
+        target = self._target(node, shift)
+        blk.add(f"{target} = {expr}  # {key}")
+        return target
+
+    def ext(self, e) -> str:
+        return pysrc(e, self.p.symbols) if e is not None else "n_cols"
+
+
+def _mask(e: _Emitter, i) -> str:
+    parts = (["rmask"] if i.dr else []) + ([f"(cols < {e.ext(i.ext)})"] if i.dc else [])
+    return " & ".join(parts) or "True"
+
+
+def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]:
+    """The work of one program on its rows, at indentation `ind`.
+
+    persistent: the row fits one chunk, so every value is loaded and computed once and reductions reduce
+    registers. Otherwise each phase walks the row in chunks, accumulating, and values are recomputed from
+    the inputs in every walk that needs them.
+    """
+    e = _Emitter(plan)
+    pad = "    " * ind
+    e.head = _Block(ind, False)
+    blocks: list = [e.head]
+    one = _Block(ind, True) if persistent else None
+    if persistent:
+        e.pre = one
+        blocks.append([f"{pad}cols = tl.arange(0, BLOCK_C)[None, :]  # the whole row"])
+        blocks.append(one)
+
+    def walk(inits, body, after):
+        blocks.append(inits)
+        blocks.append([f"{pad}for c0 in range(0, n_cols, BLOCK_C):",
+                       f"{pad}    cols = c0 + tl.arange(0, BLOCK_C)[None, :]  # a chunk of the row"])
+        blocks.append(body)
+        blocks.append(after)
+
+    # phases: the row reductions of depth k
+    for k in range(plan.phases):
+        if not persistent:
+            e.pre = _Block(ind, False)
+            blocks.append(e.pre)
+        body = one or _Block(ind + 1, True)
+        inits, after = [], []
+        for r in plan.row_reductions:
+            si = plan.info[r.source]
+            if si.level != k:
+                continue
+            mask, v = _mask(e, si), e.ev(r.source, "0", body)
+            where = f"tl.where({mask}, {v}, {_IDENTITY[r.kind]})"
+            finish = [] if persistent else after
+            if r.kind in ("sum", "mean"):
+                if persistent:
+                    body.add(f"{r.name} = tl.sum({where}, axis=1)[:, None]  # {op_name(r.node.target)}")
+                else:
+                    inits.append(f"{pad}{r.name}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
+                    body.add(f"{r.name}_acc += {where}")
+                    after.append(f"{pad}{r.name} = tl.sum({r.name}_acc, axis=1)[:, None]  # {op_name(r.node.target)}")
+            else:
+                fn, cmp = ("tl.max", ">") if r.kind == "max" else ("tl.min", "<")
+                if persistent:
+                    body.add(f"{r.name}_acc = {where}")
+                else:
+                    inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), {_IDENTITY[r.kind]}, tl.float32)")
+                    body.add(f"{r.name}_acc = tl.where({mask} & (({v} {cmp} {r.name}_acc) | ({v} != {v})), {v}, "
+                             f"{r.name}_acc)  # NaN wins, as in torch")
+                lines = [f"{r.name} = {fn}({r.name}_acc, axis=1)[:, None]  # {op_name(r.node.target)}",
+                         f"{r.name} = tl.where(tl.sum(({r.name}_acc != {r.name}_acc).to(tl.int32), axis=1)[:, None] "
+                         f"> 0, float('nan'), {r.name})"]
+                if persistent:
+                    for line in lines:
+                        body.add(line)
+                else:
+                    finish += [pad + line for line in lines]
+            if r.kind == "mean":
+                line = f"{r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)"
+                body.add(line) if persistent else after.append(pad + line)
+            e.rowvals[r.node] = r.name
+        if not persistent:
+            walk(inits, body, after)
+
+    # the last walk: full outputs, column partials, full-reduction partials; row outputs after it
+    if not persistent:
+        e.pre = _Block(ind, False)
+        blocks.append(e.pre)
+    body = one or _Block(ind + 1, True)
+    inits, after = [], []
+    n_col = len(plan.col_reductions)
+    for o, node in zip(plan.outputs, plan.out_nodes):
+        i = plan.info[node]
+        if o.store == "full":
+            v = e.ev(node, "0", body)
+            ext = e.ext(i.ext if i.dc else None)
+            val = v if (i.dr and i.dc) else f"{v} + tl.zeros((BLOCK_R, BLOCK_C), tl.float32)"
+            body.add(f"tl.store({o.name}_ptr + rows * {ext} + cols, _to_dtype({val}, "
+                     f"{o.name}_ptr.dtype.element_ty), mask=rmask & (cols < {ext}))")
+        elif o.store == "row":
+            v = e.ev(node, "0", e.pre)
+            after.append(f"{pad}tl.store({o.name}_ptr + rows, _to_dtype({v}, {o.name}_ptr.dtype.element_ty), "
+                         "mask=rmask)")
+        elif o.store == "scalar" and not o.in_epilogue:
+            v = e.ev(node, "0", e.head)
+            after += [f"{pad}if pid == 0:", f"{pad}    tl.store({o.name}_ptr, _to_dtype({v}, "
+                                                 f"{o.name}_ptr.dtype.element_ty))"]
+    for r in plan.col_reductions:
+        si = plan.info[r.source]
+        v = e.ev(r.source, "0", body)
+        body.add(f"{r.name}_part = tl.sum(tl.where({_mask(e, si)}, {v}, 0.0), axis=0)[None, :]  "
+                 f"# {op_name(r.node.target)}: this program's rows")
+        body.add("if DETERMINISTIC:")
+        body.add(f"    tl.store(colpart_ptr + (pid * {n_col} + {r.slot}) * n_cols + cols, {r.name}_part, "
+                 "mask=cols < n_cols)")
+        body.add("else:")
+        body.add(f"    tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_part, mask=cols < n_cols)")
+    for r in plan.full_reductions:
+        si = plan.info[r.source]
+        kind = "sum" if r.kind == "mean" else r.kind
+        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
+        if si.dc:
+            v = e.ev(r.source, "0", body)
+            where = f"tl.where({_mask(e, si)}, {v}, {_IDENTITY[kind]})"
+            if persistent:
+                body.add(f"{r.name}_part = {fn}({fn}({where}, axis=1), axis=0)  # {op_name(r.node.target)}")
+                continue
+            inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), {_IDENTITY[kind]}, tl.float32)")
+            body.add(f"{r.name}_acc = " + (f"{r.name}_acc + {where}" if kind == "sum" else
+                                          f"{'tl.maximum' if kind == 'max' else 'tl.minimum'}({r.name}_acc, {where})"))
+            after.append(f"{pad}{r.name}_part = {fn}({fn}({r.name}_acc, axis=1), axis=0)  # {op_name(r.node.target)}")
+        else:
+            v = e.ev(r.source, "0", e.pre if si.dr else e.head)
+            mask = "rmask" if si.dr else "pid == 0"
+            after.append(f"{pad}{r.name}_part = {fn}({fn}(tl.where({mask}, {v} + tl.zeros((BLOCK_R, 1), tl.float32), "
+                         f"{_IDENTITY[kind]}), axis=1), axis=0)  # {op_name(r.node.target)}")
+    if persistent:
+        blocks.append(after)
+    elif body.lines:
+        walk(inits, body, after)
+    else:
+        blocks += [inits, after]
+    return e, blocks
+
+
+def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
+    cross = bool(plan.full_reductions or plan.col_reductions)
+    params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs]
+    if cross:
+        params += ["acc_ptr", "partials_ptr", "colacc_ptr", "colpart_ptr", "ticket_ptr"]
+    params += list(dict.fromkeys(plan.symbols.values())) + plan.attrs
+    params += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "PERSISTENT: tl.constexpr"]
+    if cross:
+        params += ["RBLOCK: tl.constexpr", "DETERMINISTIC: tl.constexpr"]
+    reads = ", ".join(a.name for a in plan.inputs)
+    writes = ", ".join(o.name for o in plan.outputs)
+    lines = ["@triton.jit", f"def {kname}(", *[f"    {p}," for p in params], "):",
+             f'    """{plan.name}: reads {reads}; writes {writes}.',
+             "",
+             f"    {plan.phases} row reduction phase(s). PERSISTENT (a row fits one chunk): each input is read once",
+             f"    and reduced in registers. Otherwise each phase walks the row in chunks ({plan.phases + 1} walks).",
+             '    """',
+             f"    n_rows = {plan.n_rows}",
+             f"    n_cols = {plan.n_cols}",
+             "    pid = tl.program_id(0)",
+             "    # this program's BLOCK_R rows, int64 so that row * n_cols cannot wrap past 2**31 elements",
+             "    rows = (pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]",
+             "    rmask = rows < n_rows  # the last program's rows run past the end"]
+    _, persistent = _section(plan, True, 2)
+    _, looped = _section(plan, False, 2)
+    lines.append("    if PERSISTENT:")
+    lines += _flatten(persistent)
+    lines.append("    else:")
+    lines += _flatten(looped)
+    if cross:
+        lines += _cross_program(plan)
+    return "\n".join(lines) + "\n"
+
+
+def _flatten(blocks) -> list[str]:
+    out = []
+    for b in blocks:
+        out += b.lines if isinstance(b, _Block) else b
+    return out
+
+
+def _cross_program(plan: RowPlan) -> list[str]:
+    """The last program finishes column and full reductions and computes what depends on them."""
+    full, col = plan.full_reductions, plan.col_reductions
+    e = _Emitter(plan)
+    epi = _Block(2, False, post=True)
+    e.head = e.pre = epi  # scalars are recomputed here: they may not have been needed before
+    n_full = max(1, len(full))
+    out = ["    # Across programs: atomics, or (DETERMINISTIC) partials summed in program order by the last program."]
+    if full:
+        out.append("    if DETERMINISTIC:")
+        out += [f"        tl.store(partials_ptr + pid * {n_full} + {r.slot}, {r.name}_part)" for r in full]
+        out.append("    else:")
+        for r in full:
+            kind = "sum" if r.kind == "mean" else r.kind
+            out.append(f"        {_ATOMIC[kind]}(acc_ptr + {r.slot}, {r.name}_part)")
+    out += ["    # acq_rel ticket: the last program to take one sees every other program's results",
+            "    ticket = tl.atomic_add(ticket_ptr, 1)",
+            "    if ticket == tl.num_programs(0) - 1:"]
+    for r in full:
+        kind = "sum" if r.kind == "mean" else r.kind
+        out += ["        if DETERMINISTIC:",
+                f"            {r.name} = _{kind}_partials(partials_ptr + {r.slot}, {n_full}, tl.num_programs(0), "
+                "RBLOCK)",
+                "        else:",
+                f"            {r.name} = {_ATOMIC[kind]}(acc_ptr + {r.slot}, {_IDENTITY[kind]})  # atomic read"]
+        if r.kind == "mean":
+            out.append(f"        {r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)")
+        e.rowvals[r.node] = r.name
+    stores = []
+    for o, node in zip(plan.outputs, plan.out_nodes):
+        if o.store == "scalar" and o.in_epilogue:
+            v = e.ev(node, "0", epi)
+            stores.append(f"        tl.store({o.name}_ptr, _to_dtype({v}, {o.name}_ptr.dtype.element_ty))")
+    out += epi.lines + stores
+    col_outs = [(o, n) for o, n in zip(plan.outputs, plan.out_nodes) if o.store == "col"]
+    if col_outs:
+        body = _Block(3, True, post=True)
+        for r in col:
+            body.add(f"{r.name} = tl.zeros((1, BLOCK_C), tl.float32)")
+            body.add("if DETERMINISTIC:")
+            body.add("    for p in range(0, tl.num_programs(0)):  # program order: the same bits every run")
+            body.add(f"        {r.name} += tl.load(colpart_ptr + (p * {len(col)} + {r.slot}) * n_cols + cols, "
+                     "mask=cols < n_cols, other=0.0)")
+            body.add("else:")
+            body.add(f"    {r.name} = tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, "
+                     f"tl.zeros((1, BLOCK_C), tl.float32), mask=cols < n_cols)  # atomic read")
+            if r.kind == "mean":
+                body.add(f"{r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)")
+            body.cache[(r.node, "0")] = r.name
+        for o, node in col_outs:
+            v = e.ev(node, "0", body)
+            body.add(f"tl.store({o.name}_ptr + cols, _to_dtype({v} + tl.zeros((1, BLOCK_C), tl.float32), "
+                     f"{o.name}_ptr.dtype.element_ty), mask=cols < n_cols)")
+        out += ["        for c0 in range(0, n_cols, BLOCK_C):",
+                "            cols = c0 + tl.arange(0, BLOCK_C)[None, :]"] + body.lines
+    return out
+
+
+def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],
+                      runtime_attrs: list[str]) -> str:
+    """Allocates outputs and launches the kernel; torch does no math here. `dims`: graph symbol -> source."""
+    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in runtime_attrs] +
+                    ["deterministic: bool = False"])
+    out = [f"def {fn_name}({sig}):"]
+    b = out.append
+    used = [a.name for a in plan.inputs]
+    b(f"    {', '.join(used)}{',' if len(used) == 1 else ''} = "
+      f"{', '.join(f'{u}.contiguous()' for u in used)}{',' if len(used) == 1 else ''}")
+    names = plan.symbols
+    for s, name in dict(sorted(names.items(), key=lambda kv: kv[1])).items():
+        if s in dims:
+            b(f"    {name} = {dims[s]}")
+    env = shape_env_of(plan.gm)
+    for a in plan.inputs:
+        b(f"    _expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
+    ref = used[0]
+    dev = f"{ref}.device"
+    for o in plan.outputs:
+        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        shape = "".join(pysrc(sympy.sympify(d), names) + ", " for d in o.shape)
+        b(f"    {o.name} = torch.empty(({shape}), dtype={dtype}, device={dev})")
+    b(f"    n_rows, n_cols = {plan.n_rows}, {plan.n_cols}")
+    b("    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK_C)")
+    b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
+    b("    grid = (max(1, triton.cdiv(n_rows, BLOCK_R)),)")
+    args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
+    extra = ""
+    full, col = plan.full_reductions, plan.col_reductions
+    if full or col:
+        kinds = [("sum" if r.kind == "mean" else r.kind) for r in full] or ["sum"]
+        b(f"    acc = torch.tensor([{', '.join(_IDENTITY[k] for k in kinds)}], dtype=torch.float32, device={dev})")
+        b(f"    partials = torch.empty(grid[0] * {len(kinds)} if deterministic else 1, dtype=torch.float32, "
+          f"device={dev})")
+        b(f"    colacc = torch.zeros(max(1, {len(col)} * n_cols), dtype=torch.float32, device={dev})")
+        b(f"    colpart = torch.empty(grid[0] * {len(col)} * n_cols if deterministic else 1, dtype=torch.float32, "
+          f"device={dev})")
+        b(f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})")
+        args += ["acc", "partials", "colacc", "colpart", "ticket"]
+        extra = ", RBLOCK=RBLOCK, DETERMINISTIC=deterministic"
+    args += list(dict.fromkeys(names.values())) + plan.attrs
+    b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
+      "**_LAUNCH)")
+    b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")
+    del env
+    return "\n".join(out) + "\n"

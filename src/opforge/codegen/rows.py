@@ -1,0 +1,382 @@
+"""The row planner: pointwise work with broadcasts, row/column/full reductions and last-dim slices in one kernel.
+
+The kernel walks an *iteration space* of `n_rows × n_cols`: the shape of the graph's largest value, its last
+dimension being the columns. Each program owns `BLOCK_R` rows and walks their columns in chunks of `BLOCK_C`.
+Every graph value is classified by what it depends on:
+
+    full  (rows and columns)  a (BLOCK_R, BLOCK_C) tile   x, x * w, exp(x - max)
+    row   (rows only)         a (BLOCK_R, 1) column       a per-row scale, a row's max, mean or sum
+    col   (columns only)      a (1, BLOCK_C) row          a norm's weight, a column reduction
+    scalar                    one value                   a per-tensor scale, a loss
+
+so Triton's broadcasting does the rest. Inputs are mapped onto the iteration space by their shape: the same
+numel in flat order, a broadcast (right-aligned like torch), or one value per row or per column.
+
+Row reductions (over the last dimension) close a *phase*: phase k loops over the columns to reduce values of
+depth k; the final loop stores full outputs and accumulates column and full reductions. When a row fits one
+chunk every loop runs once (persistent); otherwise values are recomputed chunk by chunk from the inputs
+(looped). Column and full reductions meet across programs (atomics, or ordered partials when deterministic)
+and the last program, found by an acq_rel ticket, finishes them: the scalar epilogue and column outputs.
+
+Slices and concatenations along the last dimension (rotate-half in RoPE, their backward `slice_backward`)
+are index shifts: a value is emitted at a column offset by re-emitting its inputs' loads at that offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from opforge.codegen.ops import CONSTANT, OP_TABLE, POINTWISE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.plan import OutArg, Unsupported
+from opforge.codegen.symbolic import product, pysrc, same, shape_env_of, shape_of
+from opforge.codegen.trace import AttrRef
+
+
+@dataclass
+class Info:
+    """What the kernel knows about one graph value."""
+
+    dr: bool  # differs from row to row
+    dc: bool  # differs from column to column
+    ext: sympy.Expr | None  # number of valid columns (dc values): n_cols, or less after a slice
+    level: int  # row reductions it depends on, nested
+    post: str | None = None  # "scalar" | "col": only after column/full reductions, in the last program
+    exact: bool = True
+
+
+@dataclass
+class RowInput:
+    name: str
+    placeholder: int
+    full: bool  # read in full (rows and columns)
+    layout: str  # flat | broadcast | row | col | scalar
+    row_off: str  # element offset of a row, Python source over `rows` and the size symbols
+    col_stride: int  # 1, or 0 when broadcast along the columns
+    shape: list
+
+
+@dataclass
+class RowReduction:
+    node: torch.fx.Node
+    kind: str  # sum | mean | max | min
+    axis: str  # row | col | full
+    source: torch.fx.Node
+    count: str  # elements reduced per result, for mean
+    slot: int = 0  # index among the kernel's col or full reductions
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+@dataclass
+class RowPlan:
+    name: str
+    gm: torch.fx.GraphModule
+    inputs: list[RowInput]
+    outputs: list[OutArg]
+    out_nodes: list
+    attrs: list[str]
+    info: dict
+    reductions: list[RowReduction]
+    n_rows: str
+    n_cols: str
+    symbols: dict  # graph symbol -> kernel/launcher name
+    phases: int
+    op_counts: dict = field(default_factory=dict)
+    eager_kernels: int = 0
+    dims: dict = field(default_factory=dict)  # graph symbol -> source reading it off an input
+
+    layout = "rows"
+
+    @property
+    def reduce_kinds(self) -> list[str]:
+        return sorted({"sum" if r.kind == "mean" else r.kind for r in self.reductions if r.axis == "full"})
+
+    @property
+    def full_reductions(self) -> list[RowReduction]:
+        return [r for r in self.reductions if r.axis == "full"]
+
+    @property
+    def col_reductions(self) -> list[RowReduction]:
+        return [r for r in self.reductions if r.axis == "col"]
+
+    @property
+    def row_reductions(self) -> list[RowReduction]:
+        return [r for r in self.reductions if r.axis == "row"]
+
+    @property
+    def body(self) -> list:  # statements, for summaries: every computing node
+        return [n for n in self.info if n.op == "call_function" and OP_TABLE[op_name(n.target)].kind == POINTWISE]
+
+    @property
+    def epilogue(self) -> list:
+        return [n for n, i in self.info.items() if i.post and n.op == "call_function"]
+
+
+def _dims(dims, rank: int) -> list[int]:
+    if dims is None or dims == []:
+        return list(range(rank))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted(d % rank if rank else 0 for d in dims)
+
+
+def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outputs: list[tuple[str, int]],
+              output_like: dict[str, str | None], sym_names: dict) -> RowPlan:
+    graph = gm.graph
+    env = shape_env_of(gm)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    results = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
+    wanted = [results[i] for _, i in outputs]
+    bad = [op_name(n.target) for n in graph.nodes if n.op == "call_function" and op_name(n.target) not in OP_TABLE]
+    if bad:
+        raise Unsupported(sorted(set(bad)), "no Triton lowering for")
+
+    needed: set = set()
+    stack = [w for w in wanted if isinstance(w, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+
+    def is_tensor(n):
+        return isinstance(n.meta.get("val"), torch.Tensor)
+
+    # the iteration space: the largest value (most dimensions among equals); its last dim is the columns
+    tensors = [n for n in graph.nodes if n in needed and is_tensor(n)]
+    big = max(tensors, key=lambda n: (_hint_numel(n, env), len(n.meta["val"].shape)))
+    space = shape_of(big, env)
+    if not space:
+        space = [sympy.Integer(1)]
+    R, C = product(space[:-1]), space[-1]
+
+    def where(n):
+        return op_name(n.target) if n.op == "call_function" else n.name
+
+    info: dict = {}
+    inputs: list[RowInput] = []
+    reductions: list[RowReduction] = []
+    counts: dict = {}
+    eager = 0
+
+    def map_input(node, pname) -> RowInput:
+        shape = shape_of(node, env)
+        numel = product(shape)
+        i = placeholders.index(node)
+        if same(numel, sympy.Integer(1), env):
+            return RowInput(pname, i, False, "scalar", "0", 0, shape)
+        # right-aligned broadcast, as torch does it
+        if len(shape) <= len(space) and all(same(d, s, env) or same(d, sympy.Integer(1), env)
+                                            for d, s in zip(shape[::-1], space[::-1])):
+            pad = len(space) - len(shape)
+            strides, acc = [], sympy.Integer(1)
+            for d in shape[::-1]:
+                strides.append(acc)
+                acc = acc * d
+            strides = strides[::-1]
+            terms, inner = [], sympy.Integer(1)
+            for k in range(len(space) - 2, -1, -1):
+                j = k - pad
+                if j >= 0 and not same(shape[j], sympy.Integer(1), env) and not same(space[k], 1, env):
+                    coord = f"((rows // ({pysrc(inner, sym_names)})) % ({pysrc(space[k], sym_names)}))"
+                    terms.append(f"{coord} * ({pysrc(strides[j], sym_names)})")
+                inner = inner * space[k]
+            col = 1 if shape and not same(shape[-1], sympy.Integer(1), env) and len(shape) >= 1 and \
+                same(shape[-1], C, env) else 0
+            dr = bool(terms)
+            if dr and col and all(same(d, s, env) for d, s in zip(shape, space[pad:])) and pad == 0:
+                terms = ["rows * n_cols"]  # contiguous and full: the flat offset
+            layout = "broadcast" if dr and col else ("row" if dr else ("col" if col else "scalar"))
+            return RowInput(pname, i, dr and bool(col), layout, " + ".join(terms) or "0", col, shape)
+        if same(numel, R * C, env):
+            return RowInput(pname, i, True, "flat", "rows * n_cols", 1, shape)
+        if same(numel, R, env):
+            return RowInput(pname, i, False, "row", "rows", 0, shape)
+        if same(numel, C, env):
+            return RowInput(pname, i, False, "col", "0", 1, shape)
+        raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not map onto the iteration "
+                              f"space {[str(d) for d in space]} (not a broadcast, nor one value per row or column)")
+
+    def combine(node, srcs, exact=True) -> Info:
+        dr = any(info[s].dr for s in srcs)
+        dc = any(info[s].dc for s in srcs)
+        exts = [info[s].ext for s in srcs if info[s].dc]
+        for e in exts[1:]:
+            if not same(e, exts[0], env):
+                raise Unsupported([where(node)], f"{node.name} combines values of {exts[0]} and {e} columns")
+        posts = [info[s].post for s in srcs if info[s].post]
+        post = None
+        if posts:
+            if dr:
+                raise Unsupported([where(node)], f"{node.name} needs a finished column or full reduction for every "
+                                                 "row: that is a second pass over the data")
+            post = "col" if dc else "scalar"
+        return Info(dr, dc, exts[0] if exts else None, max((info[s].level for s in srcs), default=0), post,
+                    exact and all(info[s].exact for s in srcs))
+
+    def col_dims(node) -> tuple[list[int], list[int]]:
+        """Dims of a value's shape that run along the columns, and the non-trivial ones along the rows."""
+        shape = shape_of(node, env)
+        i = info[node]
+        split = len(shape)
+        if i.dc:
+            split = None
+            for k in range(len(shape) - 1, -1, -1):
+                if same(product(shape[k:]), i.ext, env):
+                    split = k
+                    break
+            if split is None:
+                raise Unsupported([where(node)], f"{node.name}: its last dimensions do not line up with the rows")
+        rdims = [k for k in range(split) if not same(shape[k], sympy.Integer(1), env)] if i.dr else []
+        return list(range(split, len(shape))), rdims
+
+    for node in graph.nodes:
+        if node not in needed:
+            continue
+        if node.op == "placeholder":
+            pname = input_names[placeholders.index(node)]
+            if not is_tensor(node):
+                raise Unsupported([], f"input {pname} is not a tensor")
+            m = map_input(node, pname)
+            inputs.append(m)
+            dc = m.col_stride == 1
+            info[node] = Info(m.layout in ("flat", "broadcast", "row"), dc, C if dc else None, 0)
+            continue
+        if node.op != "call_function":
+            continue
+        key = op_name(node.target)
+        rule = OP_TABLE[key]
+        counts[key] = counts.get(key, 0) + 1
+        srcs = [s for s in node.all_input_nodes if s in info]
+        if rule.kind == SYMBOLIC:
+            info[node] = Info(False, False, None, 0)
+            continue
+        if rule.kind == CONSTANT:
+            info[node] = Info(False, False, None, 0)
+            continue
+        if rule.kind == VIEW:
+            # views keep the flat order, so a value stays at its (row, column); slices and reductions of a
+            # view whose last dimensions no longer span one row are refused where they happen
+            info[node] = info[node.args[0]]
+            continue
+        eager += 1
+        if rule.kind == SHIFT:
+            info[node] = _shift_info(node, key, info, env, combine)
+            continue
+        if rule.kind == REDUCTION:
+            src = node.args[0]
+            si = info[src]
+            shape = shape_of(src, env)
+            cdims, rdims = col_dims(src)
+            dims = _dims(node.args[1] if len(node.args) > 1 else None, len(shape))
+            dims = [d for d in dims if not same(shape[d], sympy.Integer(1), env)]
+            red_c = bool(set(dims) & set(cdims))
+            red_r = bool(set(dims) & set(rdims))
+            if (red_c and not set(cdims) <= set(dims)) or (red_r and not set(rdims) <= set(dims)) or \
+                    not set(dims) <= set(cdims) | set(rdims):
+                raise Unsupported([key], f"{node.name} reduces only some of the dimensions of its rows or columns "
+                                         "(whole rows, whole columns or everything fuse)")
+            if si.post:
+                raise Unsupported([key], f"{node.name} reduces a value that needs a finished reduction")
+            kind = REDUCE_KIND[key]
+            count = pysrc(product([shape[d] for d in dims]), sym_names)
+            if not dims:  # nothing non-trivial reduced: a view
+                info[node] = si
+                continue
+            if red_c and not red_r and si.dr:
+                axis, new = "row", Info(True, False, None, si.level + 1, None, False)
+            elif red_r and not red_c and si.dc:
+                if kind not in ("sum", "mean"):
+                    raise Unsupported([key], f"{node.name}: column reductions are sums or means")
+                axis, new = "col", Info(False, True, si.ext, si.level, "col", False)
+            else:
+                axis, new = "full", Info(False, False, None, si.level, "scalar", kind in ("max", "min") and si.exact)
+            reductions.append(RowReduction(node, kind, axis, src, count))
+            info[node] = new
+            continue
+        info[node] = combine(node, srcs, rule.exact)
+
+    for kind_ in ("col", "full"):
+        for k, r in enumerate(r for r in reductions if r.axis == kind_):
+            r.slot = k
+
+    outs: list[OutArg] = []
+    for (oname, _), node in zip(outputs, wanted):
+        if not isinstance(node, torch.fx.Node):
+            raise Unsupported([], f"output {oname} is a constant, not computed from the inputs")
+        if node.op == "placeholder":
+            raise Unsupported([], f"output {oname} returns an input unchanged (it would alias it)")
+        i = info[node]
+        shape = shape_of(node, env)
+        numel = product(shape)
+        if i.post == "scalar" or (not i.dr and not i.dc and same(numel, sympy.Integer(1), env)):
+            store = "scalar"
+        elif i.post == "col" or (not i.dr and same(numel, C, env)):
+            store = "col"
+        elif i.dc and i.dr and same(numel, R * i.ext, env):
+            store = "full"
+        elif same(numel, R * C, env):
+            store = "full"
+        elif i.dr and not i.dc and same(numel, R, env):
+            store = "row"
+        else:
+            raise Unsupported([], f"output {oname} of shape {[str(d) for d in shape]} does not map onto the "
+                                  f"iteration space {[str(d) for d in space]}")
+        outs.append(OutArg(oname, node.name, store == "full", store in ("scalar", "col") and bool(i.post),
+                           shape, output_like.get(oname), i.exact, True, store))
+    attrs = []
+    for n in info:
+        for a in list(n.args) + list(n.kwargs.values()) if n.op == "call_function" else []:
+            for x in (a if isinstance(a, (list, tuple)) else [a]):
+                if isinstance(x, AttrRef) and x.name not in attrs:
+                    attrs.append(x.name)
+    phases = max([r.node and info[r.node].level for r in reductions if r.axis == "row"] + [0])
+    return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
+                   pysrc(C, sym_names), sym_names, phases, counts, eager)
+
+
+def _hint_numel(node, env) -> int:
+    from opforge.codegen.symbolic import hint
+
+    return hint(product(shape_of(node, env)), env) or 0
+
+
+def _shift_info(node, key, info, env, combine) -> Info:
+    """slice / cat / slice_backward along the last dimension: the same rows, other columns."""
+    if key == "aten.cat.default":
+        parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+        rank = len(node.meta["val"].shape)
+        if dim % rank != rank - 1 or not all(info[p].dc for p in parts):
+            raise Unsupported([key], f"{node.name} concatenates along a dimension other than the last")
+        i = combine_exts(node, parts, info, env, combine)
+        i.ext = product(shape_of(node, env)[-1:])
+        return i
+    src = node.args[0]
+    rank = len(node.meta["val"].shape)
+    dim = node.args[2 if key == "aten.slice_backward.default" else 1] if len(node.args) > 1 else 0
+    step = node.args[5] if key == "aten.slice_backward.default" and len(node.args) > 5 else \
+        (node.args[4] if len(node.args) > 4 else 1)
+    if dim % rank != rank - 1 or step != 1 or not info[src].dc:
+        raise Unsupported([key], f"{node.name} slices a dimension other than the last, or with a step")
+    old = shape_of(src, env)
+    if not same(old[-1], info[src].ext, env):
+        raise Unsupported([key], f"{node.name} slices a value whose last dimension is not its row")
+    i = combine(node, [src])
+    i.ext = shape_of(node, env)[-1]
+    return i
+
+
+def combine_exts(node, parts, info, env, combine) -> Info:
+    saved = {p: info[p].ext for p in parts}
+    try:
+        for p in parts:  # parts differ in width by design; only rows and depth matter here
+            info[p].ext = sympy.Integer(1)
+        return combine(node, parts)
+    finally:
+        for p, e in saved.items():
+            info[p].ext = e

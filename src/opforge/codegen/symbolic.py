@@ -1,0 +1,101 @@
+"""Shape expressions of traced graphs: canonical form, equality, and Python source for kernels and launchers.
+
+`make_fx(tracing_mode="symbolic")` gives every dimension a sympy expression over its own symbols (s0, s1,
+…) and records equalities it learnt while tracing (a broadcast that needs NG == M // 32) as replacements in
+its ShapeEnv. Expressions are canonicalised through those replacements before they are compared, and
+printed with the request's symbol names so that generated code reads `N * M`, not `s0 * s1`.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+from sympy.printing.str import StrPrinter
+
+
+def shape_env_of(gm: torch.fx.GraphModule):
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        for d in getattr(val, "shape", ()):
+            if isinstance(d, torch.SymInt):
+                return d.node.shape_env
+    return None
+
+
+def expr_of(d, env=None) -> sympy.Expr:
+    """A dimension (int or SymInt) as a canonical sympy expression."""
+    if isinstance(d, (torch.SymInt, torch.SymFloat)):
+        e = d.node.expr
+    elif isinstance(d, sympy.Basic):
+        e = d
+    else:
+        return sympy.Integer(int(d))
+    return env.replace(e) if env is not None else e
+
+
+def shape_of(node, env=None) -> list[sympy.Expr]:
+    return [expr_of(d, env) for d in node.meta["val"].shape]
+
+
+def product(dims) -> sympy.Expr:
+    n = sympy.Integer(1)
+    for d in dims:
+        n = n * d
+    return sympy.expand(n)
+
+
+def hint(expr, env) -> int | None:
+    """The value an expression had while tracing (the example sizes)."""
+    if env is None:
+        return int(expr) if expr.is_number else None
+    values = getattr(env, "backed_var_to_val", None)  # torch >= 2.13; older releases call it var_to_val
+    try:
+        return int(expr.xreplace(values if values is not None else env.var_to_val))
+    except (TypeError, ValueError):
+        return None
+
+
+def same(a, b, env) -> bool:
+    """Equal as expressions, or, where the trace's guards carry the relation, equal at the example sizes."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if sympy.expand(a - b) == 0:
+        return True
+    ha, hb = hint(a, env), hint(b, env)
+    return ha is not None and ha == hb
+
+
+class _Printer(StrPrinter):
+    """sympy -> Python integer arithmetic (torch's FloorDiv / Mod helpers included)."""
+
+    def _print_FloorDiv(self, e):
+        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+
+    _print_CleanDiv = _print_FloorDiv
+    _print_IntTrueDiv = _print_FloorDiv
+
+    def _print_PythonMod(self, e):
+        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+
+    _print_Mod = _print_PythonMod
+
+    def _print_Rational(self, e):
+        return f"({e.p} / {e.q})"
+
+
+def pysrc(expr, names: dict) -> str:
+    """Python source of a shape expression, with graph symbols renamed (`names`: symbol -> name)."""
+    e = sympy.sympify(expr)
+    e = e.xreplace({s: sympy.Symbol(names.get(s, str(s))) for s in e.free_symbols})
+    return _Printer().doprint(e)
+
+
+# Python-level arithmetic on sizes that make_fx records as graph nodes
+SYM_OPS = {operator.mul: "*", operator.add: "+", operator.sub: "-", operator.floordiv: "//",
+           operator.truediv: "/", operator.pow: "**"}
+
+
+def is_sym_node(node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, int, float)) and \
+        not isinstance(node.meta.get("val"), bool) and node.op == "call_function"
