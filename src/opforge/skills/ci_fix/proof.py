@@ -73,6 +73,7 @@ def _sort_runs(stmts: list[ast.stmt]) -> list[ast.stmt]:
 
 
 def _canonical(text: str, removed: set[Pos], sort_imports: bool) -> tuple[str, list[str], set[Pos], set[Pos]]:
+    text = text.removeprefix("\ufeff")    # a byte order mark is encoding, not source
     tree = ast.parse(text)
     docs = []
     for node in docstring_nodes(tree):

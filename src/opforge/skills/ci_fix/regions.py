@@ -49,6 +49,13 @@ def docstring_nodes(tree: ast.AST) -> list[ast.Constant]:
 
 def python_regions(text: str) -> list[Region] | None:
     """Comments and strings of a Python module, docstrings told apart; None when it does not parse."""
+    if text.startswith("\ufeff"):
+        # a byte order mark is encoding, not source; it stays one column on the first line
+        inner = python_regions(text[1:])
+        if inner is None:
+            return None
+        return [Region((r.start[0], r.start[1] + (r.start[0] == 1)), (r.end[0], r.end[1] + (r.end[0] == 1)), r.kind)
+                for r in inner]
     try:
         tree = ast.parse(text)
         toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
