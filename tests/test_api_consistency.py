@@ -110,6 +110,27 @@ def cases(tmp_path_factory) -> Path:
 
         def axpy_crash(x, y, a=0.5):
             return a * x + y[:-1]
+
+        def row_sum_in_half(x):
+            return x.half().sum(-1).float()                # planted: accumulates below the reference's float32
+        """)
+    write(d, "rowsum.py", """
+        import torch
+
+        def forward(x):
+            return x.sum(-1)
+
+        def inputs():
+            return (torch.randn(16, 4096) * 100,)
+        """)
+    write(d, "dropout.py", """
+        import torch
+
+        def forward(x):
+            return torch.nn.functional.dropout(x, 0.25, training=True) * 3
+
+        def inputs():
+            return (torch.randn(64, 64),)
         """)
     write(d, "axpy.py", """
         import torch
@@ -185,6 +206,20 @@ def test_wrong_dtype_promotion_is_exit_2_at_the_cast(cases, tmp_path):
     assert "dtype float32, expected float16" in res["conclusion"]
     row, res, _ = run_json(cases / "weighted.py", "custom:impls:weighted_ok", tmp_path)
     assert res["exit"] == 1, res["conclusion"]
+
+
+def test_computing_below_the_reference_dtype_is_exit_2_at_the_narrowing_cast(cases, tmp_path):
+    row, res, _ = run_json(cases / "rowsum.py", "custom:impls:row_sum_in_half", tmp_path)
+    assert (res["exit"], res["rule"]) == (2, "R2")
+    assert res["operator"]["name"] == "aten._to_copy.default" and "x.half()" in res["operator"]["site"]["code"]
+    assert "computes in float16 where the reference never goes below float32" in res["conclusion"]
+
+
+def test_random_program_is_an_expected_difference(cases, tmp_path):
+    row, res, _ = run_json(cases / "dropout.py", "half", tmp_path)
+    assert (res["exit"], res["rule"]) == (1, "R7"), res["conclusion"]
+    assert res["checks"]["determinism"]["repeatable_with_seed"] is True
+    assert res["checks"]["determinism"]["localisation"]["op"].startswith("aten.")
 
 
 def test_half_target_promotion_by_a_float32_constant(tmp_path):
@@ -274,3 +309,13 @@ def test_bad_input_is_one_line_and_exit_2(cases, tmp_path, argv, where):
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], res.stderr
+
+
+def test_compile_target_compiles_and_is_consistent(tmp_path):
+    from torch._dynamo.utils import counters
+
+    before = counters["frames"]["ok"]
+    row, res, _ = run_json(EXAMPLES / "scale_shift.py", "compile", tmp_path)
+    assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]
+    assert counters["frames"]["ok"] > before  # Dynamo compiled it (under a dispatch mode it would not)
+    assert res["checks"]["memory"]["target_peak_bytes"] is None  # compiled code allocates outside the dispatcher

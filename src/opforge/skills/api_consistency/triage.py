@@ -17,6 +17,7 @@ import torch
 from opforge.skills.api_consistency import checks as ck
 from opforge.skills.api_consistency.targets import Program, Target, programs
 from opforge.verify import divergence as dv
+from opforge.verify.tolerance import dtype_name
 
 RULES = [
     ("R1", 2, "crash", "The call fails on the target but runs on the CPU: a framework or adaptation problem "
@@ -139,6 +140,21 @@ def _localise_numeric(dg, target: Target, progs, seed: int, bad_output: int, clo
     return "none", None, trace
 
 
+def _narrowing(ref_trace, dut_trace, output: int):
+    """The first operator on the output's path that produces a floating dtype less precise than any the
+    reference computes in: a cast down, or a promotion the target skipped."""
+    ref_floats = {o.dtype for r in ref_trace.records for o in r.outputs if o.is_floating_point()}
+    ref_floats |= {o.dtype for o in ref_trace.outputs if o.is_floating_point()}
+    if not ref_floats or output >= len(dut_trace.output_deps):
+        return None
+    floor = max(ref_floats, key=lambda d: torch.finfo(d).eps)  # the least precise dtype the reference uses
+    for r in dv.backward_slice(dut_trace, output):
+        for o in r.outputs:
+            if o.is_floating_point() and torch.finfo(o.dtype).eps > torch.finfo(floor).eps:
+                return r, dtype_name(o.dtype), dtype_name(floor)
+    return None
+
+
 def _layer_bisect(case, progs, seed: int, dg: Diagnosis, bad_output: int) -> dict | None:
     """torch.compile: which layer first diverges (Dynamo alone, + AOTAutograd, + Inductor)."""
     ref64 = ck.execute(progs["ref64"], seed=seed)
@@ -232,9 +248,10 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
                                                                                reseed=False),
                                  lambda r: "identical" if r[0] else "differs too")
         det["reference_repeatable"] = ref_same
-        if not ref_same:
-            seeded, _ = ck.repeat(progs["dut"], ck.execute(progs["dut"], seed=seed), runs, seed=seed, reseed=True)
-            det["repeatable_with_seed"] = seeded
+        det["repeatable_with_seed"] = clock.step(
+            f"target {target.label}: repeated with the seed fixed before each run",
+            lambda: ck.repeat(progs["dut"], ck.execute(progs["dut"], seed=seed), runs, seed=seed, reseed=True)[0],
+            lambda r: "identical" if r else "differs")
     dg.checks["determinism"] = det
 
     # memory
@@ -271,6 +288,12 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
         if kind == "op":
             return _done(dg, t_start, "R3", f"{desc}; localised to {op['name']}"
                          + (f" at {rec.site}" if getattr(rec, "site", None) else ""), op, rec)
+        narrow = _narrowing(ref.trace, rec, i) if lowp is None and rec is not None else None
+        if narrow is not None:
+            r, dt, floor = narrow
+            return _done(dg, t_start, "R2", f"{desc}; every operator is right on its inputs, but {r.name} at "
+                         f"{r.site} computes in {dt} where the reference never goes below {floor}",
+                         _op(r, f"narrows to {dt} (the reference computes in {floor} or wider)"), r)
         if target.kind == "custom":
             op = _function_op(target.impl, target.impl_name, "every ATen operator inside is right on its inputs: "
                                                              "the defect is in how the function composes them")
@@ -283,14 +306,17 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
 
     # R4: determinism
     if not same:
-        if not det.get("reference_repeatable", True) and det.get("repeatable_with_seed"):
-            dg.evidence.append("the CPU reference varies between runs too, and a fixed seed makes both repeatable")
-            return _done(dg, t_start, "R7", "the program's own randomness: runs differ on the CPU as well")
         a = clock.step("second pass: record runs of the target until two differ",
                        lambda: _two_differing_runs(progs["dut"], seed),
                        lambda r: f"{len(r[0].records)} and {len(r[1].records)} operators")
         hit = dv.run_to_run(*a)
         dg.checks["determinism"]["localisation"] = hit.to_dict() if hit else None
+        seeded = det["repeatable_with_seed"]
+        if seeded and ((hit and hit.record.random) or (not hit and not det["reference_repeatable"])):
+            src = f" drawn by {hit.record.name} at {hit.record.site}" if hit else ""
+            dg.evidence.append(f"the differences start at random numbers{src}; with the seed fixed before each "
+                               "run the target repeats bit for bit")
+            return _done(dg, t_start, "R7", "the program's own randomness, repeatable under a fixed seed")
         if hit:
             how = ("with the same inputs" if hit.inputs == "same" else "with the same input values in another order"
                    if hit.inputs == "permuted" else "(its inputs differ too: the first operator to change)")
