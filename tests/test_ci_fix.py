@@ -314,3 +314,21 @@ def test_project_configuration_is_honoured(tmp_path):
     assert (repo / "m.py").read_text() == "X = 1  # teh value, received\n"
     assert [f["rule"] for f in rep["fixes"]] == ["F401", "format", "typo:recieved"] and rep["residual"] == []
     assert rep["exit_code"] == 0
+
+
+def test_c_style_that_changes_tokens_is_reverted(tmp_path):
+    """A project style with InsertBraces: clang-format adds braces, which the token-stream proof rejects, so the
+    file keeps its layout and the formatting is reported with the token that changed."""
+    repo = tmp_path / "cb"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo, {".clang-format": "BasedOnStyle: LLVM\nInsertBraces: true\n", "k.c": "int x;\n"})
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=d", "-c", "user.email=d@e", "commit", "-qm", "base")
+    src = "int f(int a){\n  if (a) return 1;\n  return 0; // teh end\n}\n"
+    write(repo, {"k.c": src})
+    rep = ci_fix(repo)
+    assert (repo / "k.c").read_text() == src.replace("teh", "the")
+    res = [r for r in rep["residual"] if r["rule"] == "format"]
+    assert res and res[0]["why"].startswith("reverted: the token stream changed") and "{" in res[0]["why"]
+    assert [f["rule"] for f in rep["fixes"]] == ["typo:teh"]
