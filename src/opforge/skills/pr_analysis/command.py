@@ -26,8 +26,9 @@ def _out_path(flag: str, path: Path | None) -> Path | None:
 
 def _print_summary(console: Console, report: dict, written: list[str]) -> None:
     s = report["summary"]
-    t = Table(title="pr-analysis" if report["mode"] == "window" else
-              f"{report['from']['label']} -> {report['to']['label']}")
+    if report["mode"] == "release":
+        console.print(f"{escape(report['from']['label'])} -> {escape(report['to']['label'])}")
+    t = Table(title="pr-analysis")
     t.add_column("impact")
     t.add_column("count", justify="right")
     for lv, n in s["by_impact"].items():
