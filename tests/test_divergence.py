@@ -184,3 +184,16 @@ def test_budget_keeps_metadata_only():
     t = dv.record(lambda x: (x * 2).sum(), torch.randn(1000), keep_bytes=1000)
     assert not t.records[0].kept and t.records[0].inputs[0].device.type == "meta"
     assert all(c.replayed is False for c in dv.local_check(t, stop_at_first=False))
+
+
+def test_uninitialised_allocations_are_poisoned():
+    def prog(x):
+        out = torch.empty_like(x)
+        idx = torch.empty(3, dtype=torch.int32)
+        out[:-2] = x[:-2]                  # the last two elements are never written
+        return out, idx
+
+    t = dv.record(prog, torch.randn(10))
+    out, idx = t.outputs
+    assert torch.isnan(out[-2:]).all() and not torch.isnan(out[:-2]).any()
+    assert (idx == torch.iinfo(torch.int32).max).all()

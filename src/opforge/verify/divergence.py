@@ -2,7 +2,8 @@
 
 `record` runs a callable under a TorchDispatchMode and keeps, for every ATen operator (and every Triton
 launch, which the dispatcher never sees), CPU copies of its inputs and outputs, the storages it read and
-wrote (the dataflow), and its call site: the innermost frame of the user's code.
+wrote (the dataflow), and its call site: the innermost frame of the user's code. Fresh uninitialised
+allocations are filled with NaN, so elements a kernel forgets to write show as such.
 
 Three questions are then asked of a trace:
 - `local_check`: replay each ATen operator on CPU in float64 on exactly the inputs the device under test
@@ -130,6 +131,16 @@ def _snap(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+def _poison(t: torch.Tensor) -> None:
+    """Fill a fresh uninitialised allocation with NaN (or the largest integer): a kernel that leaves part of
+    it unwritten then shows, instead of whatever a freed buffer held (often the reference's own result)."""
+    with torch.no_grad():
+        if t.is_floating_point() or t.is_complex():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool:
+            t.fill_(torch.iinfo(t.dtype).max)
+
+
 def _storage_key(t: torch.Tensor):
     try:
         return (t.device.type, t.untyped_storage().data_ptr())
@@ -241,6 +252,9 @@ class Recorder(TorchDispatchMode):
             self.failed_op = rec
             raise
         flat_out = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if rec.uninit:
+            for o in flat_out:
+                _poison(o)
         if keep and self._keep(flat_out):
             rec.outputs = [_snap(o) for o in flat_out]
         else:
