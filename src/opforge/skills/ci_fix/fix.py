@@ -175,8 +175,22 @@ def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
     return True
 
 
-def _format_text(job: Job, lint: Linters, wl: Whitelist, sort_includes: bool | None) -> str | None:
-    """The formatter's output for the job's text (changed lines only when the job has them)."""
+def _apply_replacements(text: str, reps: list[tuple[int, int, str]]) -> str:
+    data = text.encode("utf-8")
+    for off, length, new in sorted(reps, reverse=True):
+        data = data[:off] + new.encode("utf-8") + data[off + length:]
+    return data.decode("utf-8")
+
+
+def _whitespace_only(text: str, reps: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    data = text.encode("utf-8")
+    return [r for r in reps if not r[2].strip() and not data[r[0]:r[0] + r[1]].strip()]
+
+
+def _format_text(job: Job, lint: Linters, wl: Whitelist, sort_includes: bool | None,
+                 whitespace_only: bool = False) -> str | None:
+    """The formatter's output for the job's text (changed lines only when the job has them); for C/C++,
+    `whitespace_only` keeps only the replacements that swap whitespace for whitespace."""
     if job.lang == "python":
         if job.changed is None:
             return lint.ruff_format(job.rel, job.text)
@@ -190,10 +204,7 @@ def _format_text(job: Job, lint: Linters, wl: Whitelist, sort_includes: bool | N
         return job.text
     reps = lint.clang_format(job.path, job.text, runs(job.changed) if job.changed is not None else None,
                              sort_includes)
-    data = job.text.encode("utf-8")
-    for off, length, new in sorted(reps, reverse=True):
-        data = data[:off] + new.encode("utf-8") + data[off + length:]
-    return data.decode("utf-8")
+    return _apply_replacements(job.text, _whitespace_only(job.text, reps) if whitespace_only else reps)
 
 
 def _format_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
@@ -211,7 +222,14 @@ def _format_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
         why = proof.prove_python(job.text, new)
     else:
         why = proof.prove_c(job.text, new)
-    if why:
+    if why and job.lang == "c":
+        # the style also moves tokens (braces, qualifiers...): keep its whitespace-only replacements
+        job.format_off = f"reverted: {why}"
+        new = _format_text(job, lint, wl, None if wl.clang_format_sort_includes else False, whitespace_only=True)
+        if new == job.text or proof.prove_c(job.text, new):
+            return False
+        job.format_off = f"only the whitespace-only replacements were kept; the rest reverted: {why}"
+    elif why:
         job.format_off = f"reverted: {why}"
         return False
     tool = "ruff format" if job.lang == "python" else "clang-format"
