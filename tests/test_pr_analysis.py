@@ -16,7 +16,7 @@ from opforge.skills.pr_analysis.synthrepo import build_repo
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 OP_PLUGIN = DATA / "op_plugin_functions.yaml"
-N_COMMITS = 62  # two full rounds of scenarios and a few more
+N_COMMITS = 62  # every scenario twice
 AFTER_IMPORT = "2026-01-01T00:10:00Z"  # the base commit is at 00:00, scenarios every 30 minutes after it
 
 runner = CliRunner()

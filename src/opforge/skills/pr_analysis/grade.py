@@ -63,6 +63,21 @@ def _ranges(lines: list[int]) -> str:
     return text + (f" (+{len(spans) - 6} more)" if len(spans) > 6 else "")
 
 
+_COMMENT = ("#", "//", "/*", "* ", "*/")
+
+
+def cosmetic(fc: FileChange) -> bool:
+    """Only comments changed, or only whitespace: the code a backend builds against is the same."""
+    if fc.status != "M" or fc.n_added > len(fc.added) or fc.n_removed > len(fc.removed):
+        return False
+
+    def code(lines: list[tuple[int, str]]) -> list[str]:
+        out = ("".join(t.split()) for _, t in lines)
+        return sorted(x for x in out if x and not x.startswith(_COMMENT))
+
+    return code(fc.added) == code(fc.removed)
+
+
 def grade_op(ch: OpChange, profile: Profile) -> tuple[str, str, str]:
     """(level, why, suggestion) for one overload change."""
     target = ch.old_op if ch.change == "renamed" else ch.op
@@ -154,6 +169,12 @@ class CommitGrader:
                 signals += self._derivative_signals(fc, ops)
                 continue
             point = info.point or classify_path(fc.old_path).point
+            if cosmetic(fc):
+                if info.level != "None":
+                    what = f"{POINT_TITLES[point]}: " if point else ""
+                    signals.append(Signal("Low", "area", point or info.areas[0], fc.path, lines,
+                                          f"{what}comments or formatting only", _AREA_SUGGESTION["Low"], first))
+                continue
             found = {point: (lines[0] if lines else 0, first)} if point else {}
             if not set(info.areas) & _NO_CONTENT_RULES:
                 for pid, hit in content_points(fc.added + fc.removed).items():

@@ -195,49 +195,56 @@ def _scenarios(t: _Tree, k: int) -> Iterable[tuple[str, str, str, str, str | Non
            lambda: dispatch_add(True, "CompositeExplicitAutograd"))
     yield ("derivative_impl", f"Fix the backward of {{op}} ({k})", "High", "Medium", "op", lambda: derivative(True))
     yield ("dispatch_key", f"[c10] reserve a dispatch key bit ({k})", "High", "High", "dispatch_keys",
-           lambda: (None, touch("c10/core/DispatchKey.h", f"// {S} {k}: reserved bit for a new backend component")))
+           lambda: (None, touch("c10/core/DispatchKey.h", f"  Reserved{k},  // reserved bit for a new backend")))
     yield ("pu1_hooks", f"Add isAvailable to the PrivateUse1 hooks ({k})", "High", "High", "privateuse1_hooks",
            lambda: (None, touch("aten/src/ATen/detail/PrivateUse1HooksInterface.h",
-                                f"// {S} {k}: virtual bool isAvailable() const;")))
+                                f"  virtual bool isAvailable{k}() const {{ return false; }}")))
     yield ("device_guard", f"DeviceGuardImpl: add synchronizeDevice ({k})", "High", "High", "device_guard",
            lambda: (None, touch("c10/core/impl/DeviceGuardImplInterface.h",
-                                f"// {S} {k}: virtual void synchronizeDevice(DeviceIndex) const;")))
+                                f"  virtual void synchronizeDevice{k}(DeviceIndex) const {{}}")))
     yield ("c10d", f"[c10d] add a shrink() collective to ProcessGroup ({k})", "High", "High", "c10d",
-           lambda: (None, touch("torch/csrc/distributed/c10d/ProcessGroup.hpp", f"// {S} {k}: shrink()")))
+           lambda: (None, touch("torch/csrc/distributed/c10d/ProcessGroup.hpp", f"  virtual void shrink{k}();")))
     yield ("device_interface", f"[dynamo] DeviceInterface.memory_allocated ({k})", "High", "High",
            "compile_device_interface",
-           lambda: (None, touch("torch/_dynamo/device_interface.py", f"    # {S} {k}: memory_allocated")))
+           lambda: (None, touch("torch/_dynamo/device_interface.py", f"    memory_allocated_{k} = None")))
     yield ("test_base", f"Device-type tests: skip on low-memory devices ({k})", "High", "High", "device_test_base",
-           lambda: (None, touch("torch/testing/_internal/common_device_type.py", f"# {S} {k}: low-memory skip")))
+           lambda: (None, touch("torch/testing/_internal/common_device_type.py", f"LOW_MEMORY_SKIP_{k} = True")))
     yield ("pu1_content", f"Pickle tensors of the privateuse1 device ({k})", "High", "High", "privateuse1_hooks",
            lambda: (None, touch("torch/_tensor.py", f"        if self.device.type == "
                                                     f"torch._C._get_privateuse1_backend_name():  # {k}")))
+    yield ("comment_dispatch_key", f"[c10] document the backend component bits ({k})", "Low", "Low", None,
+           lambda: (None, touch("c10/core/DispatchKey.h", f"// The backend component bits, note {k}.")))
+    yield ("reformat_c10d", f"[BE] reformat ProcessGroup.hpp ({k})", "Low", "Low", None,
+           lambda: (None, {"torch/csrc/distributed/c10d/ProcessGroup.hpp": t.files[
+               "torch/csrc/distributed/c10d/ProcessGroup.hpp"].replace(" public:\n", "  public:\n", 1)
+               if k % 2 == 0 else t.files["torch/csrc/distributed/c10d/ProcessGroup.hpp"].replace(
+               "  public:\n", " public:\n", 1)}))
     yield ("add_op", "Add the operator {op}", "Medium", "Medium", None, add_op)
     yield ("tags", f"Tag {{op}} pointwise ({k})", "Medium", "Medium", None, tags_add)
     yield ("decomp", f"Decompose aten.addcmul in Python ({k})", "Medium", "Medium", None,
-           lambda: (None, touch("torch/_decomp/decompositions.py", f"# {S} {k}: addcmul decomposition")))
+           lambda: (None, touch("torch/_decomp/decompositions.py", f"addcmul_{k} = aten.addcmul.default")))
     yield ("nonimpl_arg", f"Add synth_flag{k} to {{op}} (not in the backend)", "Low", "Medium", None,
            lambda: arg_default(False))
     yield ("derivative_nonimpl", f"Simplify the backward of {{op}} ({k})", "Low", "Medium", None,
            lambda: derivative(False))
     yield ("inductor", f"[inductor] lower aten.cumsum ({k})", "Low", "Low", None,
-           lambda: (None, touch("torch/_inductor/lowering.py", f"# {S} {k}: cumsum lowering")))
+           lambda: (None, touch("torch/_inductor/lowering.py", f'lowerings["cumsum_{k}"] = None')))
     yield ("tests", f"Deflake test_nn ({k})", "Low", "Low", None,
-           lambda: (None, touch("test/test_nn.py", f"# {S} {k}: deflake")))
+           lambda: (None, touch("test/test_nn.py", f"DEFLAKE_{k} = 3")))
     yield ("cmake", f"[build] bump the minimum CMake ({k})", "Low", "Low", None,
-           lambda: (None, touch("CMakeLists.txt", f"# {S} {k}")))
+           lambda: (None, touch("CMakeLists.txt", f"set(SYNTH_{k} ON)")))
     yield ("mps_and_test", f"[MPS] fix linear and test it ({k})", "Low", "Low", None,
-           lambda: (None, combine(touch("aten/src/ATen/native/mps/operations/Linear.mm", f"// {S} {k}"),
-                                  touch("test/inductor/test_torchinductor.py", f"# {S} {k}"))))
+           lambda: (None, combine(touch("aten/src/ATen/native/mps/operations/Linear.mm", f"static int linear_{k} = 0;"),
+                                  touch("test/inductor/test_torchinductor.py", f"LINEAR_{k} = 1"))))
     yield ("dispatch_cuda", f"[CUDA] kernel for {{op}} on MTIA ({k})", "None", "None", None,
            lambda: dispatch_add(True, "MTIA"))
     yield ("nf_comment", f"Comment the composite of {{op}} ({k})", "None", "None", None, comment)
     yield ("docs", f"[docs] PrivateUse1 extension notes ({k})", "None", "None", None,
            lambda: (None, touch("docs/source/notes/extending.rst", f"PrivateUse1 backends register hooks ({k}).")))
     yield ("ci", f"[ci] pin the runner image ({k})", "None", "None", None,
-           lambda: (None, touch(".github/workflows/pull.yml", f"# {S} {k}")))
+           lambda: (None, touch(".github/workflows/pull.yml", f"env_{k}: pinned")))
     yield ("cuda", f"[CUDA] vectorize gelu ({k})", "None", "None", None,
-           lambda: (None, touch("aten/src/ATen/native/cuda/Activation.cu", f"// {S} {k}")))
+           lambda: (None, touch("aten/src/ATen/native/cuda/Activation.cu", f"static int gelu_vec_{k} = 4;")))
     yield ("readme", f"Fix a typo in the README ({k})", "None", "None", None,
            lambda: (None, touch("README.md", f"{S} {k}")))
 
