@@ -1,8 +1,8 @@
 """Impact of one commit on a backend: signals with evidence, the level they add up to, and what to do.
 
 High: an operator the backend implements or an integration point it relies on changed.
-Medium: new operators, or device-generic behaviour it should pick up (composite kernels, decompositions, tags,
-derivatives of operators it does not implement, integration points outside its profile).
+Medium: new operators, or device-generic behaviour it should pick up (schemas, composite kernels, tags and
+derivatives of operators it does not implement, decompositions, integration points outside its profile).
 Low: tests or infrastructure it reuses. None: nothing it runs (docs, CI, other devices' kernels).
 """
 
@@ -91,10 +91,11 @@ def grade_op(ch: OpChange, profile: Profile) -> tuple[str, str, str]:
         return ("High", f"{target}, implemented by the backend: {detail}",
                 f"Update the backend's registration and kernel of {target} to the new schema ({detail}).")
     if ch.change in ("removed", "renamed") or ch.schema_differs:
+        # The backend reaches this operator through a composite kernel or the fallback: behaviour it inherits.
         if profile.generic:
             return ("Medium", f"{target}: {detail}", f"If the backend implements {target}, follow the new schema.")
-        return ("Low", f"{target} (not implemented by the backend): {detail}",
-                "No kernel to adapt; its composite or fallback path follows upstream.")
+        return ("Medium", f"{target} (not implemented by the backend): {detail}",
+                f"No kernel to adapt; check callers of {target} in the backend and its fallback list.")
     keys = set(ch.dispatch_keys_changed)
     generic_keys = COMPOSITE_KEYS | {"structured_delegate", profile.dispatch_key, f"Autograd{profile.dispatch_key}"}
     levels = []
@@ -141,7 +142,7 @@ class CommitGrader:
                 sugg = (f"Check the backward of {ch.op} on the device: the formula may call operators the "
                         "backend lacks, and any backend autograd override must match.")
             else:
-                level = "Medium" if self.profile.generic else "Low"
+                level = "Medium"
                 why = f"derivative of {ch.op}: {'; '.join(ch.details)}"
                 sugg = "Device-generic autograd change: run the backend's gradient tests for it."
             ops.append({"op": ch.op, "change": f"derivative {ch.change}", "kinds": ["derivative_changed"],

@@ -223,9 +223,9 @@ def _scenarios(t: _Tree, k: int) -> Iterable[tuple[str, str, str, str, str | Non
     yield ("tags", f"Tag {{op}} pointwise ({k})", "Medium", "Medium", None, tags_add)
     yield ("decomp", f"Decompose aten.addcmul in Python ({k})", "Medium", "Medium", None,
            lambda: (None, touch("torch/_decomp/decompositions.py", f"addcmul_{k} = aten.addcmul.default")))
-    yield ("nonimpl_arg", f"Add synth_flag{k} to {{op}} (not in the backend)", "Low", "Medium", None,
+    yield ("nonimpl_arg", f"Add synth_flag{k} to {{op}} (not in the backend)", "Medium", "Medium", None,
            lambda: arg_default(False))
-    yield ("derivative_nonimpl", f"Simplify the backward of {{op}} ({k})", "Low", "Medium", None,
+    yield ("derivative_nonimpl", f"Simplify the backward of {{op}} ({k})", "Medium", "Medium", None,
            lambda: derivative(False))
     yield ("inductor", f"[inductor] lower aten.cumsum ({k})", "Low", "Low", None,
            lambda: (None, touch("torch/_inductor/lowering.py", f'lowerings["cumsum_{k}"] = None')))
