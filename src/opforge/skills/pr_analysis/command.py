@@ -40,6 +40,10 @@ def _print_summary(console: Console, report: dict, written: list[str]) -> None:
             pr = f"#{r['pr']}" if r["pr"] else r["commits"][0][:10]
             subj = ", ".join(dict.fromkeys(e["subject"] for e in r["evidence"] if e["level"] == "High"))
             console.print(f"[bold red]High[/] {pr} {escape(r['title'][:70])} — {escape(subj)}")
+        if "llm_review" in report:
+            lr = report["llm_review"]
+            console.print(f"LLM review ({escape(lr['model'])}): {lr['reviewed']} rows, {lr['disagreements']} "
+                          "disagreements (grades unchanged)")
     else:
         console.print(f"{s['added']} added, {s['removed']} removed, {s['renamed']} renamed, {s['changed']} changed; "
                       f"{s['schema_differs']} schemas differ")
@@ -62,6 +66,11 @@ def pr_analysis_command(
     md_out: Path = typer.Option(None, "--md", help="the Markdown report"),
     web: str = typer.Option(None, "--web", help="base URL for links (default: origin on GitHub, else "
                                                 "https://github.com/pytorch/pytorch)"),
+    llm: str = typer.Option(None, "--llm", help="optional review of High and Medium rows by an OpenAI-compatible "
+                                                "endpoint (its base URL, key from OPENAI_API_KEY); adds notes, "
+                                                "never changes a grade"),
+    llm_model: str = typer.Option("default", "--llm-model", help="the model name the endpoint serves"),
+    llm_max: int = typer.Option(50, "--llm-max", min=1, help="review at most this many rows"),
 ):
     """Grade upstream PyTorch PRs (or a release's operator changes) for what a backend must adapt to."""
     from opforge.skills.pr_analysis.analyze import analyze_window
@@ -96,6 +105,10 @@ def pr_analysis_command(
                                         progress=lambda i, n: bar.update(task, completed=i, total=n))
         else:
             report = analyze_window(repo, profile, since=since, until=until, rev_range=rev_range, web_base=web)
+        if llm and report["rows"]:
+            from opforge.skills.pr_analysis.review import review_rows
+
+            review_rows(report, llm, llm_model, limit=llm_max)
         written = []
         for path, write in ((out_p, write_xlsx), (json_p, write_json), (md_p, write_markdown)):
             if path is not None and str(path) != "-":

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from opforge.orchestrator.atomic import write_text_atomic
+from opforge.skills.pr_analysis.review import note_text
 
 
 def to_json(report: dict) -> str:
@@ -50,8 +51,10 @@ def to_markdown(report: dict) -> str:
                              for e in r["evidence"][:4])
             rows.append([pr, f"[{r['commits'][0][:10]}]({r['commit_url']})", r["title"], r["author"],
                          r["date"][:10], r["areas"], r["operator_names"], f"**{r['impact']}**", ev, r["suggestion"]])
+            if "llm_review" in report:
+                rows[-1].append(note_text(r))
         out += _table(["PR", "commit", "title", "author", "date", "areas", "operators", "impact", "evidence",
-                       "suggestion"], rows)
+                       "suggestion"] + (["LLM note"] if "llm_review" in report else []), rows)
     out += ["", "## Operators", ""]
     out += _table(["operator", "change", "details", "implemented", "impact"] + (["PR"] if report["mode"] == "window"
                                                                                else []),

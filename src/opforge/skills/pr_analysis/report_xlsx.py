@@ -10,6 +10,7 @@ from openpyxl.styles import Alignment, Font, PatternFill
 from openpyxl.utils import get_column_letter
 
 from opforge.orchestrator.atomic import write_bytes_atomic
+from opforge.skills.pr_analysis.review import note_text
 
 FILL = {"High": PatternFill("solid", fgColor="F8CBAD"), "Medium": PatternFill("solid", fgColor="FFE699"),
         "Low": PatternFill("solid", fgColor="E2EFDA")}
@@ -101,6 +102,9 @@ def workbook_bytes(report: dict) -> bytes:
                  r["pr_url"], r["commits"][0][:10], r["commit_url"], r["title"], r["author"], r["date"][:19],
                  r["areas"], r["operator_names"], r["points"], r["impact"], _evidence(r), r["suggestion"]]
                 for r in report["rows"]]
+        if "llm_review" in report:
+            header, widths = header + ["LLM note"], widths + [60]
+            rows = [row + [note_text(r)] for row, r in zip(rows, report["rows"])]
         _table(ws, header, rows, widths, links={0: 1, 2: 3}, impact_col=10)
     ws = wb.create_sheet("Operators")
     header = ["Operator", "Change", "Kinds", "Details", "Old schema", "New schema", "Implemented", "Impact",
