@@ -23,8 +23,9 @@ from opforge.skills.pr_analysis.gitlog import BlobReader, Commit, FileChange
 from opforge.skills.pr_analysis.profile import Profile
 from opforge.skills.pr_analysis.schema_diff import COMPOSITE_KEYS, OpChange, diff_derivatives, diff_native
 
-# Areas whose changed lines are not searched for integration-point names: prose, CI and tests.
-_NO_CONTENT_RULES = {"docs", "releng", "tests"}
+# Changed lines are searched for integration-point names only in code the backend runs: not in prose, CI,
+# tests, or another device's kernels (areas whose own level is None).
+_NO_CONTENT_RULES = {"tests"}
 MAX_EVIDENCE = 8
 
 
@@ -177,7 +178,7 @@ class CommitGrader:
                                           f"{what}comments or formatting only", _AREA_SUGGESTION["Low"], first))
                 continue
             found = {point: (lines[0] if lines else 0, first)} if point else {}
-            if not set(info.areas) & _NO_CONTENT_RULES:
+            if info.level != "None" and not set(info.areas) & _NO_CONTENT_RULES:
                 for pid, hit in content_points(fc.added + fc.removed).items():
                     found.setdefault(pid, hit)
             for pid, (ln, text) in found.items():
