@@ -161,6 +161,17 @@ def cases(tmp_path_factory) -> Path:
         def inputs():
             return (torch.randn(50000) * 10,)
         """)
+    write(d, "mlp.py", """
+        import torch
+
+        def forward(model, x):
+            return model(x)
+
+        def inputs():
+            model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                                        torch.nn.Linear(64, 8))
+            return model, torch.randn(16, 32)
+        """)
     write(d, "test_like.py", """
         import torch
 
@@ -258,6 +269,16 @@ def test_clean_rotary_embedding_is_consistent_in_low_precision(tmp_path, target)
     row, res, _ = run_json(EXAMPLES / "rope_fp32_positions.py", target, tmp_path)
     assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]
     assert res["checks"]["precision"]["outputs"][0]["max_abs"] > 0  # compared, not skipped
+
+
+@pytest.mark.parametrize("target", ["half", "bf16"])
+def test_module_inputs_are_cast_with_their_parameters(cases, tmp_path, target):
+    row, res, folder = run_json(cases / "mlp.py", target, tmp_path)
+    assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]
+    assert res["checks"]["precision"]["outputs"][0]["dtype"] == {"half": "float16", "bf16": "bfloat16"}[target]
+    if target == "half":  # the standalone script casts the module too, and finds nothing to reproduce
+        proc = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "not reproduced" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_pytest_style_case_runs_with_device_and_dtype(cases, tmp_path):

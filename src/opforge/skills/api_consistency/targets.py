@@ -9,6 +9,7 @@ custom:M:F    the function F of module M (a dotted name, or a .py file) called w
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import sys
@@ -101,12 +102,36 @@ def parse_target(spec: str, case_dir: Path | None = None) -> Target:
 
 
 def _cast(obj, dtype):
-    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, obj)
+    """Floating tensors, and the floating parameters and buffers of modules, to `dtype`."""
+    def one(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.to(dtype)
+        if isinstance(x, torch.nn.Module):
+            return copy.deepcopy(x).to(dtype)
+        return x
+    return tree_map(one, obj)
 
 
-def _fresh(obj, device=None):
-    return tree_map(lambda t: (t.detach().to(device) if device else t.detach()).clone().requires_grad_(
-        t.requires_grad) if isinstance(t, torch.Tensor) else t, obj)
+def _to_device(obj, device):
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        if isinstance(x, torch.nn.Module):
+            return copy.deepcopy(x).to(device)
+        return x
+    return tree_map(one, obj)
+
+
+def _fresh(obj):
+    """A private copy for one call: a program that writes its inputs, or a module that updates its buffers,
+    must not leak into the next run."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            return x.detach().clone().requires_grad_(x.requires_grad)
+        if isinstance(x, torch.nn.Module):
+            return copy.deepcopy(x)
+        return x
+    return tree_map(one, obj)
 
 
 @dataclass
@@ -147,8 +172,7 @@ def programs(case, target: Target, args: tuple, kwargs: dict) -> dict[str, Progr
     if target.kind == "lowp":
         dut = Program("dut", case.fn, *_cast((args, kwargs), target.dtype), "cpu")
     elif target.kind == "device":
-        dut = Program("dut", case.fn, *tree_map(lambda t: t.to(target.device) if isinstance(t, torch.Tensor) else t,
-                                                 (args, kwargs)), target.device)
+        dut = Program("dut", case.fn, *_to_device((args, kwargs), target.device), target.device)
     elif target.kind == "compile":
         dut = Program("dut", torch.compile(case.fn), args, kwargs, "cpu", traceable=False)
     else:
