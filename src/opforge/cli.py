@@ -16,6 +16,8 @@ from rich.table import Table
 
 from opforge.errors import InputError
 from opforge.hosts.cli import hooks_app, init_cmd, skills_app
+from opforge.llm.cli import draft_cmd
+from opforge.skills.api_consistency.command import api_consistency
 from opforge.skills.ci_fix.command import ci_fix_command
 from opforge.skills.pr_analysis.command import pr_analysis_command
 
@@ -24,7 +26,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 op_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                      help="The operator factory: request -> seven gated stages -> kernel.")
 app.add_typer(op_app, name="op")
+op_app.command("draft")(draft_cmd)
 app.command("ci-fix")(ci_fix_command)
+app.command("api-consistency")(api_consistency)
 app.command("pr-analysis")(pr_analysis_command)
 app.add_typer(skills_app, name="skills")
 app.add_typer(hooks_app, name="hooks")
@@ -67,8 +71,12 @@ def _finish(state, as_json: bool) -> None:
         raise typer.Exit(0)
 
 
-def _run(ws_dir: Path, only: int | None, as_json: bool):
+def _run(ws_dir: Path, only: int | None, as_json: bool, **engine):
+    from functools import partial
+
     from opforge.orchestrator.runner import run_stages
+
+    run_stages = partial(run_stages, **engine)  # engine=, llm_config= when given
 
     if as_json or not sys.stderr.isatty():
         def progress(event, stage, text):
@@ -89,13 +97,17 @@ def _run(ws_dir: Path, only: int | None, as_json: bool):
 def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yaml and the reference"),
            out: Path = typer.Option(..., "--out", help="workspace folder to create"),
            force: bool = typer.Option(False, help="replace a non-empty --out folder"),
+           engine: str = typer.Option("deterministic", "--engine", help="deterministic | llm | auto | host"),
+           llm_config: Path = typer.Option(None, "--llm-config", help="model endpoint configuration (YAML)"),
            as_json: bool = typer.Option(False, "--json", help="print the final state as JSON")):
     """Build an operator through all seven stages."""
+    from opforge.llm.engines import make_engine
     from opforge.orchestrator.runner import create_workspace
 
     try:
+        make_engine(engine, llm_config)  # a bad engine or model configuration stops before anything is written
         ws = create_workspace(request_dir, out, force=force)
-        state = _run(ws.root, None, as_json)
+        state = _run(ws.root, None, as_json, engine=engine, llm_config=llm_config)
     except InputError as exc:
         _fail_input(exc)
     _finish(state, as_json)
@@ -103,10 +115,13 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
 
 @op_app.command("resume")
 def op_resume(ws_dir: Path = typer.Argument(..., help="workspace folder"),
+              engine: str = typer.Option(None, "--engine", help="switch engine: deterministic | llm | auto | host"),
+              llm_config: Path = typer.Option(None, "--llm-config", help="model endpoint configuration (YAML)"),
               as_json: bool = typer.Option(False, "--json")):
-    """Continue an interrupted run; completed stages are not redone."""
+    """Continue an interrupted run; completed stages are not redone. A run that ended BLOCKED_API goes on
+    when --engine names one that writes kernels (llm, auto, host)."""
     try:
-        state = _run(ws_dir, None, as_json)
+        state = _run(ws_dir, None, as_json, engine=engine, llm_config=llm_config)
     except InputError as exc:
         _fail_input(exc)
     _finish(state, as_json)
@@ -181,6 +196,27 @@ def op_rollback(ws_dir: Path = typer.Argument(...), to: int = typer.Option(..., 
         typer.echo(json.dumps({"to_stage": to, "restored": restored}))
     else:
         typer.echo(f"rolled back to stage {to}; restored {len(restored)} file(s). Run `opforge op resume {ws_dir}`.")
+
+
+@op_app.command("ops")
+def op_ops(as_json: bool = typer.Option(False, "--json"),
+           markdown: bool = typer.Option(False, "--markdown", help="the table of docs/ops.md")):
+    """The ATen operators the deterministic engine lowers to Triton."""
+    from opforge.codegen.ops import OP_TABLE, markdown_table
+
+    if markdown:
+        typer.echo(markdown_table(), nl=False)
+        return
+    rows = [{"op": k, "kind": r.kind, "triton": r.primitive, "exact": r.exact} for k, r in sorted(OP_TABLE.items())]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title=f"{len(rows)} ATen ops lowered to Triton")
+    for col in ("op", "kind", "triton", "exact"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["op"], r["kind"], r["triton"], "yes" if r["exact"] else "no")
+    Console().print(t)
 
 
 @op_app.command("catalog")

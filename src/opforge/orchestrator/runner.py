@@ -15,6 +15,7 @@ from typing import Callable
 
 from opforge.codegen.trace import trace_request
 from opforge.errors import InputError
+from opforge.llm.engines import make_engine
 from opforge.orchestrator import events, history
 from opforge.orchestrator.atomic import sha256_file, workspace_lock
 from opforge.orchestrator.gates import blocking_failures, run_gates
@@ -73,9 +74,9 @@ def _hashes(ws: Workspace, rels: list[str]) -> dict[str, str]:
     return {r: sha256_file(ws.path(r)) for r in rels if ws.path(r).exists()}
 
 
-def _run_one(ws: Workspace, state: State, stage: int, req) -> StageOutcome:
+def _run_one(ws: Workspace, state: State, stage: int, req, engine) -> StageOutcome:
     try:
-        outcome = STAGE_RUNNERS[stage](ws, req, state)
+        outcome = engine.stage_fn(stage, state, STAGE_RUNNERS[stage])(ws, req, state)
     except InputError as exc:  # the request or the reference is at fault: retrying cannot help
         return StageOutcome("blocked", str(exc))
     except Exception as exc:  # an environment failure (memory, a crashed subprocess): worth a retry
@@ -94,19 +95,29 @@ def _run_one(ws: Workspace, state: State, stage: int, req) -> StageOutcome:
                                                               for g in gates])
     bad = blocking_failures(gates)
     if bad:
+        # a model may try again after a gate failure; a template would fail the same way
         return StageOutcome("failed", "gate " + "; ".join(f"{g['id']}: {g['message']}" for g in bad),
-                            artifacts=outcome.artifacts, details={"gates": gates})
+                            artifacts=outcome.artifacts, details={"gates": gates}, retryable=outcome.retryable)
     outcome.details["gates"] = gates
     return outcome
 
 
-def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progress | None = None) -> State:
-    """Run the pending stages (or one stage) and return the final state."""
+def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progress | None = None,
+               engine: str | None = None, llm_config: str | None = None) -> State:
+    """Run the pending stages (or one stage) and return the final state. `engine` (kept in the state for
+    later resumes) picks who writes what the templates cannot: see opforge.llm.engines."""
     root = Path(ws_dir).resolve()
     note = progress or (lambda *a: None)
     with workspace_lock(root):
         state = load_state(root)
         ws = Workspace(root, state.op_name)
+        if llm_config:
+            state.options["llm_config"] = str(Path(llm_config).resolve())
+        eng = make_engine(engine or state.engine, state.options.get("llm_config"))
+        state.engine = engine or state.engine
+        if only is None and state.terminal and eng.reopens(state):
+            state.reset_from(2, reason=f"the {eng.name} engine writes what the templates could not lower")
+            events.log_event(root, "engine", engine=eng.name, reopened=True)
         if only is not None:
             for k in range(1, only):
                 if state.stages[k].status not in ("completed", "skipped"):
@@ -138,7 +149,7 @@ def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progres
             save_state(root, state)
             events.log_event(root, "stage_started", stage=stage, attempt=state.stages[stage].attempts)
             note("start", stage, STAGES[stage])
-            outcome = _run_one(ws, state, stage, req)
+            outcome = _run_one(ws, state, stage, req, eng)
             if outcome.status == "completed":
                 state.complete(stage, _hashes(ws, outcome.artifacts))
                 snap = history.snapshot(root, stage, outcome.artifacts)
