@@ -27,6 +27,10 @@ from opforge.skills.pr_analysis.schema_diff import COMPOSITE_KEYS, OpChange, dif
 # tests, or another device's kernels (areas whose own level is None).
 _NO_CONTENT_RULES = {"tests"}
 MAX_EVIDENCE = 8
+_AREA_SUGGESTION = {
+    "Medium": "Device-generic behaviour changed: run the backend's tests for the affected operators.",
+    "Low": "Infrastructure the backend reuses: rebuild and rerun its test suite at the next sync.",
+}
 
 
 @dataclass
@@ -43,10 +47,6 @@ class Signal:
     def to_dict(self) -> dict:
         return {"level": self.level, "kind": self.kind, "subject": self.subject, "file": self.file,
                 "lines": _ranges(self.lines), "why": self.why, "suggestion": self.suggestion, "snippet": self.snippet}
-
-    def cite(self) -> str:
-        loc = f"{self.file}:{_ranges(self.lines)}" if self.lines else self.file
-        return f"{loc} — {self.why}"
 
 
 def _ranges(lines: list[int]) -> str:
@@ -117,7 +117,7 @@ def grade_op(ch: OpChange, profile: Profile) -> tuple[str, str, str]:
 
 
 class CommitGrader:
-    """Grades commits one by one; holds the blob reader and the last yaml texts it split."""
+    """Grades commits one by one; whole yaml files come from the blob reader."""
 
     def __init__(self, profile: Profile, blobs: BlobReader):
         self.profile = profile
@@ -196,11 +196,6 @@ class CommitGrader:
         return {"impact": impact, "areas": areas, "signals": signals, "operators": ops,
                 "points": sorted({s.subject for s in signals if s.kind == "integration"})}
 
-
-_AREA_SUGGESTION = {
-    "Medium": "Device-generic behaviour changed: run the backend's tests for the affected operators.",
-    "Low": "Infrastructure the backend reuses: rebuild and rerun its test suite at the next sync.",
-}
 
 
 def summarise(signals: list[Signal], impact: str) -> tuple[list[dict], str]:

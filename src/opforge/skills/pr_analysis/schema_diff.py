@@ -75,6 +75,7 @@ def _changed_entries(old_text: str, new_text: str, marker: str) -> tuple[dict[st
 
 
 def _split(text: str, marker: str) -> dict[str, Entry]:
+    """Every entry of a file with its line number."""
     entries: dict[str, Entry] = {}
     starts = [m.start() for m in re.finditer("^" + re.escape(marker), text, re.M)]
     line, pos = 1, 0
@@ -83,7 +84,7 @@ def _split(text: str, marker: str) -> dict[str, Entry]:
         pos = s
         end = starts[n + 1] if n + 1 < len(starts) else len(text)
         chunk = text[s:end]
-        key = chunk[len(marker):chunk.find("(")].strip().strip("'\"")
+        key = _key(chunk, marker)
         entries[key] = Entry(key, line, chunk)
     return entries
 
@@ -239,16 +240,16 @@ def _func(e: Entry) -> str:
 
 def _pair_renames(removed: list[OpChange], added: list[OpChange]) -> list[OpChange]:
     """Pairs a removed and an added overload with the same signature and the same base name or overload name."""
-    def sig(c: OpChange, text: str | None) -> str | None:
+    def sig(text: str | None) -> str | None:
         fs = parse_schema(text or "")
         return _signature(fs) if fs is not None else None
 
     out: list[OpChange] = []
     used_a: set[int] = set()
     for r in removed:
-        rs = sig(r, r.old)
+        rs = sig(r.old)
         rbase, _, rov = r.op.partition(".")
-        cands = [i for i, a in enumerate(added) if i not in used_a and rs is not None and sig(a, a.new) == rs
+        cands = [i for i, a in enumerate(added) if i not in used_a and rs is not None and sig(a.new) == rs
                  and (a.op.partition(".")[0] == rbase or a.op.partition(".")[2] == rov)]
         if len(cands) == 1:
             a = added[cands[0]]
