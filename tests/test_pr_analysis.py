@@ -236,3 +236,27 @@ def test_malformed_profile_exits_2_naming_the_file(synth, tmp_path, name, text, 
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1 and where in res.stderr, res.stderr
     assert not (tmp_path / "r.xlsx").exists()
+
+
+@pytest.mark.parametrize("path, level, point", [
+    ("c10/core/DispatchKeySet.h", "Low", "dispatch_keys"),
+    ("aten/src/ATen/detail/PrivateUse1HooksInterface.cpp", "Low", "privateuse1_hooks"),
+    ("torch/csrc/distributed/c10d/ProcessGroup.hpp", "Low", "c10d"),
+    ("torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp", "None", None),
+    ("torch/_inductor/codegen/common.py", "Low", "compile_device_interface"),
+    ("torch/_inductor/codegen/triton.py", "Low", None),
+    ("torch/testing/_internal/common_device_type.py", "Low", "device_test_base"),
+    ("torch/_decomp/decompositions.py", "Medium", None),
+    ("aten/src/ATen/native/cuda/Loss.cu", "None", None),
+    ("aten/src/ATen/native/mps/operations/Loss.mm", "None", None),
+    ("docs/source/accelerator.md", "None", None),
+    (".github/workflows/trunk.yml", "None", None),
+    ("test/test_ops.py", "Low", None),
+    ("cmake/Dependencies.cmake", "Low", None),
+    ("benchmarks/dynamo/huggingface.py", "None", None),
+])
+def test_path_rules(path, level, point):
+    from opforge.skills.pr_analysis.areas import classify_path
+
+    info = classify_path(path)
+    assert (info.level, info.point) == (level, point)
