@@ -337,3 +337,28 @@ def test_model_code_runs_in_a_child_with_a_time_limit_and_no_keys(tmp_path, monk
     assert int(res.output.split()[2]) != os.getpid()
     res = run_python(["-c", "import time\nwhile True: time.sleep(0.05)"], tmp_path, 1)
     assert res.timed_out and res.returncode == -9
+
+
+def test_engine_choice(tmp_path, monkeypatch):
+    from opforge.llm.engines import AutoEngine, Engine, HostEngine, LlmEngine, make_engine
+    from opforge.orchestrator.state import State
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("OPFORGE_LLM_CONFIG", raising=False)
+    assert type(make_engine("auto")) is Engine  # no model configured: auto is the deterministic engine
+    assert isinstance(make_engine("host"), HostEngine)
+    cfg = _config(tmp_path / "opforge-llm.yaml", "http://127.0.0.1:9")
+    auto, llm = make_engine("auto"), make_engine("llm", cfg)
+    assert type(auto) is AutoEngine and type(llm) is LlmEngine
+    state = State.new("op", str(tmp_path))
+
+    def default(ws, req, st):
+        return None
+
+    assert auto.stage_fn(5, state, default) is default  # auto keeps the templates while they can lower
+    assert llm.stage_fn(5, state, default) is not default
+    state.options["model_ops"] = ["aten.cumsum.default"]
+    assert auto.stage_fn(5, state, default) is not default and auto.stage_fn(4, state, default) is not default
+    state.set_terminal("BLOCKED_API", "no lowering")
+    assert auto.reopens(state) and not Engine().reopens(state)

@@ -20,7 +20,8 @@ from opforge.verify.cases import RECORD_ENV, read_records
 
 RECORDS = ".precision_records.jsonl"
 IMPL_GATES = ("G5-IMPL-SEPARATE", "G5-IMPL-TRITON-ONLY")
-ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "functools", "typing", "__future__"}
+ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "triton.language.extra", "triton.language.extra.libdevice",
+                   "triton.language.math", "math", "functools", "typing", "__future__"}
 ARTIFACTS = ("conftest.py", "README.md", "PRECISION.md", "precision.json")
 
 
@@ -60,7 +61,8 @@ def static_check(ws: Workspace, state) -> Verdict | None:
         return Verdict(False, "gate", "; ".join(f"gate {g['id']}: {g['message']}" for g in bad), gates=gates)
     imports = import_problems(path.read_text())
     if imports:
-        return Verdict(False, "gate", "gate LLM-IMPL-IMPORTS: only torch, triton and math may be imported: " +
+        return Verdict(False, "gate", "gate LLM-IMPL-IMPORTS: only torch, triton, math, functools and typing may "
+                       "be imported: " +
                        "; ".join(imports[:4]), gates=gates)
     return None
 
