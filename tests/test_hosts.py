@@ -239,6 +239,13 @@ def test_new_skills_are_discovered_not_listed(tmp_path, monkeypatch):
     assert [s["folder"].endswith("broken") for s in out["skipped_skills"]] == [True]
     orch = (proj / ".claude" / "agents" / "orchestrator.md").read_text()
     assert "`ci-fix`" in orch  # a skill no role claims goes to the orchestrator's toolbox
+    shutil.rmtree(pkg / "ci_fix")  # a skill that leaves the package leaves the host on the next install
+    out = install.install("claude", proj)
+    assert out["changes"][".claude/skills/ci-fix/SKILL.md"] == "removed"
+    assert not (proj / ".claude" / "skills" / "ci-fix").exists() and "`ci-fix`" not in \
+        (proj / ".claude" / "agents" / "orchestrator.md").read_text()
+    install.uninstall(proj)
+    assert list(proj.iterdir()) == []
 
 
 # ------------------------------------------------------------------ hooks gate

@@ -103,6 +103,9 @@ def install(host: str, base: Path, *, global_: bool = False, force: bool = False
         if rel not in planned and p.is_file() and _sha(p.read_bytes()) == digest:
             p.unlink()
             changes[rel] = "removed"
+    needed = {q.as_posix() for rel in planned for q in Path(rel).parents}
+    for rel in _remove_dirs(base, [d for d in dirs if d not in needed]):
+        dirs.remove(rel)
     rules = old.get("rules")
     if lay.rules_file:
         path = base / lay.rules_file
