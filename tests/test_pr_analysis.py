@@ -134,6 +134,10 @@ def test_range_and_until_select_the_window(synth, op_plugin):
     # Commits are 30 minutes apart from 2026-01-01T00:00Z; the first scenario is at 00:30.
     rep = analyze_window(repo, op_plugin, since=AFTER_IMPORT, until="2026-01-01T02:10:00Z")
     assert [r["title"] for r in rep["rows"]] == [e["title"] for e in expected[:4]][::-1]
+    # Bare dates are whole UTC days, whatever the time of day the command runs at.
+    rep = analyze_window(repo, op_plugin, since="2026-01-01", until="2026-01-01")
+    assert rep["summary"]["commits"] == 48  # the import at 00:00 and scenarios up to 23:30
+    assert rep["rows"][0]["date"] == "2026-01-01T23:30:00+00:00"
 
 
 def test_profile_without_an_integration_point_grades_it_medium(synth, tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +19,8 @@ from opforge.errors import InputError
 NULL_SHA = "0" * 40
 # Separators git will not find in a commit message: record start, header end, field.
 _REC, _END, _FS = "\x1e", "\x1d", "\x1f"
-_FORMAT = f"{_REC}%H{_FS}%P{_FS}%an{_FS}%ae{_FS}%aI{_FS}%s{_FS}%b{_END}"
+# The row's date is the committer date: when the PR landed, the date --since/--until select on.
+_FORMAT = f"{_REC}%H{_FS}%P{_FS}%an{_FS}%ae{_FS}%cI{_FS}%s{_FS}%b{_END}"
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _PR_TRAILER = re.compile(r"^Pull Request resolved:\s*(https?://\S+/pull/(\d+))", re.M)
 _REVERTED = re.compile(r"Reverted (https?://\S+/pull/(\d+))")
@@ -90,12 +91,17 @@ def check_repo(repo: Path) -> Path:
     return repo.resolve()
 
 
-def _check_date(flag: str, value: str) -> str:
+def _check_date(flag: str, value: str, end_of_day: bool = False) -> str:
+    """An explicit UTC timestamp for git: git reads a bare date as that day at the current time of day."""
     try:
-        datetime.fromisoformat(value.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
         raise InputError(flag, f"not an ISO date (YYYY-MM-DD or YYYY-MM-DDTHH:MM): {value!r}") from None
-    return value
+    if len(value.strip()) == 10 and end_of_day:  # a bare --until date includes that whole day
+        when = when.replace(hour=23, minute=59, second=59)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.isoformat()
 
 
 def window_args(repo: Path, since: str | None, until: str | None, rev_range: str | None) -> list[str]:
@@ -115,7 +121,7 @@ def window_args(repo: Path, since: str | None, until: str | None, rev_range: str
         raise InputError("--since", "a window needs --since DATE (or --range A..B)")
     args = [f"--since={_check_date('--since', since)}"]
     if until:
-        args.append(f"--until={_check_date('--until', until)}")
+        args.append(f"--until={_check_date('--until', until, end_of_day=True)}")
     head = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD")
     if head.returncode != 0:
         raise InputError("--repo", f"the repository has no commits: {repo}")
