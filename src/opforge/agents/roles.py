@@ -50,7 +50,8 @@ ROLES: dict[str, Role] = {r.name: r for r in (
                  "Hand stages 1-4 to the analyst, 5-6 to the developer, 7 to the perf-tuner; re-run a stage with "
                  "`opforge op stage WS N` once its owner has fixed its inputs.",
                  "When a run ends BLOCKED_API, the deterministic engine cannot fuse the request: ask the developer "
-                 "for a hand-written impl and continue with `opforge op resume WS --engine host`.",
+                 "for a hand-written impl and continue with `opforge op resume WS --engine host`; after the "
+                 "developer fixes it, re-run the stage with `opforge op stage WS 5`.",
                  "Report the terminal status and its reason to the user; quote the gate ids that failed."),
          may_not=("write or edit kernels, `<op>_impl.py`, the golden or the tests",
                   "edit `.orchestrator_state.json` or `events.jsonl` by hand",

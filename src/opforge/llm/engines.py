@@ -8,14 +8,12 @@ engine only decides who writes; it never decides what passes.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 from opforge.errors import InputError
 from opforge.llm.config import LlmConfig, load_config
 from opforge.orchestrator import events
-from opforge.orchestrator.state import RETRY_BUDGET
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 
 ENGINES = ("deterministic", "llm", "auto", "host")
@@ -94,8 +92,12 @@ class HostEngine(ModelEngine):
         write_tests(ws)
         v = verify(ws, req, state, self.code_timeout_s)
         arts = [ws.impl, ws.test, "conftest.py", "README.md", "PRECISION.md", "precision.json"]
-        return StageOutcome("completed" if v.passed else "failed", v.summary,
-                            artifacts=[a for a in arts if ws.path(a).exists()], retryable=False)
+        present = [a for a in arts if ws.path(a).exists()]
+        if v.kind in ("gate", "missing"):
+            return StageOutcome("failed", v.summary, artifacts=present)
+        # as with a template kernel, a precision failure goes on to stage 6, which localises it
+        return StageOutcome("completed", v.summary if v.passed else f"precision failed: {v.summary}",
+                            artifacts=present, details={"precision_passed": v.passed})
 
 
 def make_engine(name: str, llm_config: str | Path | None = None) -> Engine:
@@ -123,11 +125,3 @@ def attempt_mode(attempt: int, failures: list[str]) -> str:
     if attempt <= 1 or not failures:
         return "first_impl"
     return "precision_fix" if failures[-1].startswith("precision failed") else "retry_impl"
-
-
-def budget_note(state, stage: int) -> str:
-    return f"attempt {state.stages[stage].attempts} of {RETRY_BUDGET[stage]}"
-
-
-def public_events_config(cfg: LlmConfig) -> dict:
-    return json.loads(json.dumps(cfg.public()))
