@@ -7,10 +7,9 @@ the `torch.library` operator with its fake and autograd registrations, and one f
 
 from __future__ import annotations
 
-import sympy
-
 from opforge.codegen.emit_rows import emit_row_kernel, emit_row_launcher
 from opforge.codegen.plan import KernelPlan
+from opforge.codegen.symbolic import pysrc
 
 _IDENTITY = {"sum": "0.0", "max": "-float('inf')", "min": "float('inf')"}
 _ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
@@ -87,13 +86,8 @@ def _{kind}_partials(ptr, stride, n, RBLOCK: tl.constexpr):
 
 
 def _py_shape(shape: list, dims: dict) -> str:
-    parts = []
-    for d in shape:
-        if isinstance(d, int):
-            parts.append(str(d))
-        else:
-            expr = sympy.sympify(d)
-            parts.append(str(expr.subs({s: sympy.Symbol(dims[s]) for s in expr.free_symbols})))
+    """A shape as a Python tuple, its symbols read off the inputs (`dims`: symbol -> 'x.shape[0]')."""
+    parts = [str(d) if isinstance(d, int) else pysrc(d, dims) for d in shape]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 

@@ -281,7 +281,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         body.add(f"{r.name}_part = tl.sum(tl.where({_mask(e, si)}, {v}, 0.0), axis=0)[None, :]  "
                  f"# {op_name(r.node.target)}: this program's rows")
         body.add("if DETERMINISTIC:")
-        body.add(f"    tl.store(colpart_ptr + (pid * {n_col} + {r.slot}) * n_cols + cols, {r.name}_part, "
+        body.add(f"    tl.store(colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols, {r.name}_part, "
                  "mask=cols < n_cols)")
         body.add("else:")
         body.add(f"    tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_part, mask=cols < n_cols)")

@@ -197,3 +197,19 @@ def op_name(target) -> str:
     name = getattr(target, "__name__", str(target))
     return f"{'operator' if module in ('_operator', 'operator') else module}.{name}"
 
+
+
+def markdown_table() -> str:
+    """The supported op set as the docs show it (docs/ops.md is this text; a test keeps them equal)."""
+    lines = ["# Supported ATen operators", "",
+             "Generated from `opforge.codegen.ops.OP_TABLE` by `opforge op ops --markdown`. The deterministic "
+             "engine lowers exactly these; stage 2 names any other op it meets and stops the run as BLOCKED_API. "
+             "Composite ops (softmax, log-softmax, logsumexp, GELU, SiLU, layer norm and their backward formulas) "
+             "are split into these by PyTorch's decompositions before planning; variance becomes two means.", "",
+             "Bit-exact ops are compared bit for bit against the golden's float32 path when every op on an "
+             "output's path is exact.", "",
+             "| ATen op | kind | Triton | bit-exact |", "|---|---|---|---|"]
+    for name in sorted(OP_TABLE, key=lambda k: (OP_TABLE[k].kind, k)):
+        r = OP_TABLE[name]
+        lines.append(f"| `{name}` | {r.kind} | {r.primitive.replace('|', '/')} | {'yes' if r.exact else 'no'} |")
+    return "\n".join(lines) + "\n"

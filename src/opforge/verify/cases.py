@@ -42,7 +42,11 @@ def _shape_id(binding: dict) -> str:
 def level1_cases(dtypes: list[str], symbols: list[str], attrs: dict[str, float]) -> list[dict]:
     """Shapes that are not block multiples, one element, empty; each distribution; the breakers."""
     def bind(*sizes):
-        return {s: sizes[i % len(sizes)] for i, s in enumerate(symbols)}
+        # the sizes go to the last symbols (the rows and columns of most operators); earlier ones (batch, heads)
+        # get 2, so that a rank-4 operator's case stays as small as a rank-2 one's
+        lead = len(symbols) - len(sizes)
+        return {s: (sizes[i - lead] if i >= lead else (2 if min(sizes) > 1 else min(sizes)))
+                for i, s in enumerate(symbols)}
 
     odd = [bind(1), bind(3, 5), bind(37, 129), bind(129, 1031)]
     cases = []

@@ -84,6 +84,40 @@ def _numel(shape) -> int:
     return n
 
 
+def _layout_notes(build) -> list[str]:
+    """Constraints and tiling, as the planner chose them for this request."""
+    rows = [p for p in (build.forward, build.backward) if p is not None and getattr(p, "layout", "") == "rows"]
+    out = ["## Constraints", "",
+           "- Shapes are run-time arguments; offsets are int64, so tensors past 2³¹ elements index correctly.",
+           "- Loads are upcast to float32, stores round to the output dtype (round-to-nearest-even).",
+           "- Inputs are made contiguous at launch (a no-op for contiguous tensors)."]
+    if not rows:
+        out += ["- Every tensor is either the full operand (one element per output position) or a per-tensor "
+                "scalar, walked as one flat range.", "", "## Tiling", "",
+                "- One program per `BLOCK` = 1024 contiguous elements (4 warps): memory-bound work wants wide, "
+                "coalesced, vectorised accesses and enough programs to fill the device.",
+                "- Reductions: a block-local `tl.sum`, then across blocks atomics into float32 accumulators or, "
+                "with `deterministic=True`, one partial per program summed in program order by the last program.",
+                ""]
+        return out
+    for p in rows:
+        maps = ", ".join(f"{a.name} ({a.layout})" for a in p.inputs)
+        out.append(f"- {p.name}: iteration space {p.n_rows} rows × {p.n_cols} columns; inputs {maps}; "
+                   f"{p.phases} row-reduction phase(s).")
+    out += ["", "## Tiling", "",
+            "- Row kernel: a program owns BLOCK_R rows; BLOCK_C = next_pow2(columns) up to 8192, BLOCK_R fills "
+            "4096 elements. Short rows are processed many per program.",
+            "- A row that fits one chunk is persistent: each input is read once and reduced in registers, so the "
+            "minimum bytes below are what the kernel moves. A longer row is walked once per phase (plus the final "
+            "walk); those extra reads hit L2 when BLOCK_R rows fit it, and the `row_passes` column of "
+            "api_report.json says how many walks there are.",
+            "- Column reductions (a norm's weight gradient) and full reductions (a loss) are summed per program, "
+            "then across programs by atomics, or, with `deterministic=True`, by the last program in program "
+            "order. One kernel per pass: no reduction result is needed by a full-size value, so no second pass.",
+            ""]
+    return out
+
+
 def _md(req, rows, unsupported, why, cost, build) -> str:
     lines = [f"# API report: {req.name}", "", "## ATen ops → Triton", "",
              "| ATen op | forward | joint fwd+bwd | kind | Triton | bit-exact |", "|---|---|---|---|---|---|"]
@@ -95,17 +129,8 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
         lines += ["## Unsupported", "", why + ":", "", *[f"- `{op}`" for op in unsupported], "",
                   "The deterministic engine cannot fuse this request; the run stops as BLOCKED_API.", ""]
         return "\n".join(lines)
-    lines += ["## Constraints", "",
-              "- Every tensor is either the full operand (one element per output position) or a per-tensor "
-              "scalar; inputs are made contiguous at launch and walked as one flat range.",
-              "- Shapes are run-time arguments; offsets are int64, so tensors past 2³¹ elements index correctly.",
-              "- Loads are upcast to float32, stores round to the output dtype (round-to-nearest-even).", "",
-              "## Tiling", "",
-              "- One program per `BLOCK` = 1024 contiguous elements (4 warps): memory-bound work wants wide, "
-              "coalesced, vectorised accesses and enough programs to fill the device.",
-              "- Reductions: a block-local `tl.sum`, then across blocks atomics into float32 accumulators or, "
-              "with `deterministic=True`, one partial per program summed in program order by the last program.",
-              "", "## Cost model", "",
+    lines += _layout_notes(build)
+    lines += ["## Cost model", "",
               "Minimum bytes = each input read once + each output written once. Eager = one kernel per ATen "
               "op, each reading its inputs and writing its output.", "",
               "| shape | dtype | pass | fused kernels | fused bytes | eager kernels | eager bytes | eager/fused "

@@ -7,15 +7,19 @@ import json
 
 from opforge.codegen.build import plan_request
 from opforge.codegen.plan import KernelPlan
+from opforge.codegen.rows import RowPlan
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 from opforge.verify.cases import level0_cases, level1_cases
 
 
-def plan_summary(plan: KernelPlan) -> dict:
+def plan_summary(plan: KernelPlan | RowPlan) -> dict:
+    if getattr(plan, "layout", "flat") == "rows":
+        return _row_summary(plan)
     return {
         "kernel": plan.name,
+        "layout": "flat",
         "reads": [{"name": a.name, "operand": "full" if a.full else "scalar"} for a in plan.inputs],
         "writes": [{"name": o.name, "operand": "full" if o.full else "scalar",
                     "when": "last program (after the reductions)" if o.in_epilogue else "every program"}
@@ -28,12 +32,60 @@ def plan_summary(plan: KernelPlan) -> dict:
     }
 
 
-def _kernel_md(plan: KernelPlan) -> list[str]:
+_WHEN = {"full": "every program, tile by tile", "row": "every program, one value per row",
+         "col": "last program (after the column reductions)", "scalar": "last program (after the reductions)"}
+
+
+def _row_summary(plan: RowPlan) -> dict:
+    return {
+        "kernel": plan.name,
+        "layout": "rows",
+        "iteration": {"rows": plan.n_rows, "cols": plan.n_cols},
+        "reads": [{"name": a.name, "operand": a.layout} for a in plan.inputs],
+        "writes": [{"name": o.name, "operand": o.store,
+                    "when": _WHEN[o.store] if o.in_epilogue or o.store in ("full", "row") else "program 0"}
+                   for o in plan.outputs],
+        "statements": len(plan.body),
+        "row_phases": plan.phases,
+        "reductions": [{"name": r.name, "kind": r.kind, "axis": r.axis, "of": r.source.name,
+                        "elements": r.count} for r in plan.reductions],
+        "epilogue_statements": len(plan.epilogue),
+        "runtime_attributes": plan.attrs,
+        "eager_kernels_replaced": plan.eager_kernels,
+    }
+
+
+_OPERAND = {"flat": "a full tile", "broadcast": "a tile, broadcast by its strides", "row": "one value per row",
+            "col": "one value per column", "scalar": "one value", "full": "a full tile"}
+
+
+def _kernel_md(plan) -> list[str]:
     s = plan_summary(plan)
-    reads = ", ".join(f"{r['name']} ({r['operand']})" for r in s["reads"])
+    reads = ", ".join(f"{r['name']} ({_OPERAND.get(r['operand'], r['operand'])})" for r in s["reads"])
     writes = ", ".join(f"{w['name']} ({w['operand']}, {w['when']})" for w in s["writes"])
-    lines = [f"### {plan.name} kernel", "", f"- reads {reads}, each once;", f"- writes {writes}, each once;",
+    lines = [f"### {plan.name} kernel ({s['layout']})", "", f"- reads {reads}, each once;",
+             f"- writes {writes}, each once;",
              f"- {s['statements']} fused statements replace {plan.eager_kernels} eager kernels;"]
+    if s["layout"] == "rows":
+        it = s["iteration"]
+        lines.insert(2, f"- iteration space: {it['rows']} rows × {it['cols']} columns; a program owns BLOCK_R rows;")
+        by_axis: dict = {}
+        for r in s["reductions"]:
+            by_axis.setdefault(r["axis"], []).append(f"{r['kind']}({r['of']}) → {r['name']} over {r['elements']}")
+        if by_axis.get("row"):
+            lines.append(f"- row reductions in {s['row_phases']} phase(s) (a reduction that needs another's result "
+                         f"waits for the next phase): {'; '.join(by_axis['row'])}. A row that fits one chunk is "
+                         "reduced in registers from one load; a longer one is walked once per phase, the values "
+                         "recomputed from the inputs chunk by chunk instead of being stored;")
+        if by_axis.get("col"):
+            lines.append(f"- column reductions: {'; '.join(by_axis['col'])}. Each program sums its rows per column; "
+                         "the sums meet in float32 accumulators (atomics) or, deterministic, in per-program partials "
+                         "that the last program adds in program order, then stores the column outputs;")
+        if by_axis.get("full"):
+            lines.append(f"- full reductions: {'; '.join(by_axis['full'])}, finished by the last program "
+                         f"({s['epilogue_statements']} statements after them);")
+        lines.append("")
+        return lines
     if plan.reductions:
         red = ", ".join(f"{r['kind']}({r['of']}) → {r['name']}" for r in s["reductions"])
         lines += [f"- full reductions in the same pass: {red}. Each block reduces its share in registers; "
@@ -45,6 +97,14 @@ def _kernel_md(plan: KernelPlan) -> list[str]:
     return lines
 
 
+def _tiling(plan) -> dict:
+    if getattr(plan, "layout", "flat") == "rows":
+        return {"layout": "rows", "grid": "cdiv(n_rows, BLOCK_R)", "BLOCK_C": "min(next_pow2(n_cols), 8192)",
+                "BLOCK_R": "max(1, TILE // BLOCK_C)", "TILE": 4096, "interpreter_TILE": 65536, "num_warps": 4}
+    return {"layout": "flat", "BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)",
+            "interpreter_BLOCK": 32768}
+
+
 def run(ws: Workspace, req: Request, state) -> StageOutcome:
     spec = json.loads(ws.path("spec.json").read_text())
     build = plan_request(req)
@@ -53,8 +113,7 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
                       {k: spec["default_params"][k] for k in spec["runtime_params"]})
     design = {"op_name": req.name, "kernels": [plan_summary(build.forward)] +
               ([plan_summary(build.backward)] if build.backward else []),
-              "tiling": {"BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)",
-                         "interpreter_BLOCK": 32768},
+              "tiling": _tiling(build.forward),
               "verification": {"level0": l0, "level1": l1}}
     lines = [f"# Design: {req.name}", "", "## Compute graph", "",
              "The forward graph and the joint forward+backward graph traced from the reference "
@@ -69,18 +128,34 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
         lines += ["The backward kernel recomputes the forward values it needs from the inputs instead of "
                   "loading saved intermediates: recomputing costs a few flops per element, saving would cost a "
                   "full-size write in the forward and a read in the backward.", ""]
-    lines += ["## Tiling and loops", "",
-              "- 1-D grid of `cdiv(n_elements, BLOCK)` programs (at least one, so an empty tensor still "
-              "finishes its reductions); `BLOCK` = 1024 elements and 4 warps on GPUs, 32768 in the "
-              "interpreter.",
-              "- No loop in the main body: each program handles one block. The ordered partial sum loops over "
-              "programs in steps of `RBLOCK` = 1024.", "",
-              "## Memory layout", "",
-              "- Inputs are contiguous (made so at launch) and walked as one flat range; per-tensor scalars "
-              "are one load per program.",
-              "- Offsets are int64. Compute is float32; stores round to the output dtype to nearest even.",
-              "- Accumulators are float32 whatever the dtype.", "",
-              "## Verification matrix", "",
+    lines += ["## Tiling and loops", ""]
+    if design["tiling"]["layout"] == "rows":
+        lines += ["- 1-D grid of `cdiv(n_rows, BLOCK_R)` programs. A chunk is BLOCK_R × BLOCK_C elements: "
+                  "BLOCK_C = next_pow2(n_cols) up to 8192 columns, BLOCK_R fills 4096 elements on GPUs "
+                  "(65536 in the interpreter), so short rows are processed many at a time.",
+                  "- PERSISTENT (n_cols ≤ BLOCK_C): no loop; every input is loaded once and every reduction "
+                  "reduces registers. Otherwise each phase loops over the row in BLOCK_C chunks.",
+                  "- Column and full reductions meet across programs; the ordered partial sums loop over programs.",
+                  "", "## Memory layout", "",
+                  "- Inputs are contiguous (made so at launch). Each is mapped onto (row, column) by its shape: the "
+                  "same elements in flat order, a torch broadcast (strides of size-1 and missing dims are 0), or "
+                  "one value per row or per column.",
+                  "- Slices and concatenations along the last dimension are column offsets: the value at column c "
+                  "of `x[..., a:]` is loaded from column c + a.",
+                  "- Offsets are int64. Compute is float32; stores round to the output dtype to nearest even.",
+                  "- Accumulators are float32 whatever the dtype.", ""]
+    else:
+        lines += ["- 1-D grid of `cdiv(n_elements, BLOCK)` programs (at least one, so an empty tensor still "
+                  "finishes its reductions); `BLOCK` = 1024 elements and 4 warps on GPUs, 32768 in the "
+                  "interpreter.",
+                  "- No loop in the main body: each program handles one block. The ordered partial sum loops "
+                  "over programs in steps of `RBLOCK` = 1024.", "",
+                  "## Memory layout", "",
+                  "- Inputs are contiguous (made so at launch) and walked as one flat range; per-tensor scalars "
+                  "are one load per program.",
+                  "- Offsets are int64. Compute is float32; stores round to the output dtype to nearest even.",
+                  "- Accumulators are float32 whatever the dtype.", ""]
+    lines += ["## Verification matrix", "",
               f"Level 0: {len(l0)} cases (every SPEC dtype × every p0 shape). Level 1: {len(l1)} cases.", "",
               "| id | level | dtype | binding | distribution | breakers |", "|---|---|---|---|---|---|"]
     for c in l0 + l1:

@@ -1,0 +1,180 @@
+"""Every catalog operator, every dtype it declares, against an independent float64 computation.
+
+The truth here is each operator's formula written out again in float64 (not the golden, not the request's
+reference), forward and gradients by float64 autograd; quantizers take their rounding from float32 arithmetic,
+as the kernel does, so that a value on a rounding tie cannot flip between the two. The comparison is the
+verification policy's: the dtype's tolerance, atol grown with √K for outputs that reduce K elements.
+Shapes are small and not block multiples; a second run forces rows to be walked in chunks (looped).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from opforge.codegen.build import generate_impl, plan_request
+from opforge.request import load_request
+from opforge.verify.metrics import compare
+from opforge.verify.tolerance import Tolerance, tolerance_for
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _ste_round(x64, x32):
+    """round(x) with an identity gradient, the rounding taken from the float32 value."""
+    return x64 + (torch.round(x32).double() - x64).detach()
+
+
+def qat_per_channel(w, s, eps=1e-4, qmin=-128.0, qmax=127.0):
+    s_ = torch.where(s > eps, s, torch.full_like(s, eps))
+    s32 = torch.where(s.float() > eps, s.float(), torch.full_like(s.float(), eps))
+    x = w / s_
+    return torch.clamp(_ste_round(x, w.float() / s32), qmin, qmax) * s_
+
+
+def qat_per_group(w, s, z, eps=1e-4, qmin=0.0, qmax=255.0):
+    n = w.shape[0]
+    wg, sg, zg = w.reshape(n, -1, 32), s.unsqueeze(-1), z.unsqueeze(-1)
+    sg = torch.where(sg > eps, sg, torch.full_like(sg, eps))
+    s32 = sg.float()
+    x = wg / sg + zg
+    q = torch.clamp(_ste_round(x, wg.float() / s32 + zg.float()), qmin, qmax)
+    return ((q - zg) * sg).reshape(w.shape)
+
+
+def rms(x, w, eps=1e-6):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def add_rms(x, r, w, eps=1e-6):
+    h = x + r
+    return rms(h, w, eps), h
+
+
+def softmax(x):
+    e = torch.exp(x - x.max(-1, keepdim=True).values)
+    return e / e.sum(-1, keepdim=True)
+
+
+def cross_entropy(logits, target):
+    m = logits.max(-1, keepdim=True).values
+    lse = m + torch.log(torch.exp(logits - m).sum(-1, keepdim=True))
+    return (target * (lse - logits)).sum(-1).mean()
+
+
+def swiglu(a, b):
+    return a / (1 + torch.exp(-a)) * b
+
+
+def geglu(a, b):
+    return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))) * b
+
+
+def rope(x, cos, sin):
+    d = x.shape[-1]
+    perm = (torch.arange(d) + d // 2) % d  # rotate-half as a permutation with signs
+    sign = torch.where(torch.arange(d) < d // 2, -1.0, 1.0).double()
+    return x * cos + x[..., perm] * sign * sin
+
+
+def lsq(x, step, bits=8):
+    qn, qp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    g = 1.0 / math.sqrt(x.numel() * qp)
+    s = step * g + (step - step * g).detach()
+    s32 = step.float() * g + (step.float() - step.float() * g)
+    q = torch.clamp(x / s, qn, qp)
+    q32 = torch.clamp(x.float() / s32, qn, qp)
+    return _ste_round(q, q32) * s
+
+
+# name -> (formula, shape bindings, the longest reduction among its outputs: None, "row", "col" or "all")
+CATALOG = {
+    "qat_symmetric_per_channel": (qat_per_channel, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "row"),
+    "qat_asymmetric_per_group": (qat_per_group, [{"N": 3, "G": 1}, {"N": 9, "G": 5}], "row"),
+    "rms_norm": (rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
+    "layer_norm": (layer_norm, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
+    "add_rms_norm": (add_rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
+    "softmax": (softmax, [{"N": 3, "V": 5}, {"N": 37, "V": 129}], "row"),
+    "cross_entropy": (cross_entropy, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
+    "swiglu": (swiglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),
+    "geglu": (geglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),
+    "rope": (rope, [{"B": 1, "H": 2, "S": 3, "D": 4}, {"B": 2, "H": 3, "S": 5, "D": 24}], None),
+    "lsq_fake_quant": (lsq, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "all"),
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Each catalog request planned and generated once; the impl modules imported from files."""
+    out = {}
+    d = tmp_path_factory.mktemp("catalog")
+    for name in CATALOG:
+        req = load_request(EXAMPLES / name)
+        path = d / f"{name}_impl_under_test.py"
+        path.write_text(generate_impl(req, plan_request(req)))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = mod
+        spec.loader.exec_module(mod)
+        out[name] = (req, mod, "PERSISTENT" in path.read_text())
+    return out
+
+
+def _inputs(req, binding, dtype, gen):
+    ins = []
+    for spec in req.inputs:
+        shape = req.input_shape(spec, binding)
+        lo, hi = spec.range or (-2.0, 2.0)
+        ins.append((torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(dtype))
+    return ins
+
+
+def _k(kind, binding, req) -> int:
+    big = max((req.input_shape(s, binding) for s in req.inputs), key=lambda sh: math.prod(sh))
+    return {None: 1, "row": big[-1], "col": math.prod(big[:-1]), "all": math.prod(big)}[kind]
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_catalog_op_matches_float64(built, name, dtype, looped, monkeypatch):
+    req, impl, rows = built[name]
+    formula, bindings, kind = CATALOG[name]
+    if looped and not rows:
+        pytest.skip("flat kernel: it has no rows to walk in chunks")
+    if looped:
+        monkeypatch.setattr(impl, "MAX_BLOCK_C", 4)  # every row of 5+ columns is walked in chunks
+    gen = torch.Generator().manual_seed(sum(map(ord, name)) + len(str(dtype)))
+    for binding in bindings:
+        ins = _inputs(req, binding, dtype, gen)
+        wrt = [s.requires_grad for s in req.inputs]
+        got_in = [t.clone().requires_grad_(w) for t, w in zip(ins, wrt)]
+        ref_in = [t.double().requires_grad_(w) for t, w in zip(ins, wrt)]
+        got = getattr(impl, name)(*got_in)
+        ref = formula(*ref_in)
+        got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
+        grads_out = [torch.randn(r.shape, generator=gen, dtype=torch.float64).to(dtype) for r in ref]
+        got_g = torch.autograd.grad(got, [t for t in got_in if t.requires_grad], grads_out)
+        ref_g = torch.autograd.grad(ref, [t for t in ref_in if t.requires_grad], [g.double() for g in grads_out])
+        names = [f"out{i}" for i in range(len(got))] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
+        k = _k(kind, binding, req)
+        for n, a, b in zip(names, list(got) + list(got_g), list(ref) + list(ref_g)):
+            base = tolerance_for(dtype, reduced_elems=k)
+            # a sum that cancels is only as accurate as its terms: float32 rounding of each, grown with √K
+            scale = float(b.abs().max()) if b.numel() else 0.0
+            tol = Tolerance(base.atol + 8 * torch.finfo(torch.float32).eps * scale * math.sqrt(k), base.rtol)
+            assert a.dtype == dtype and a.shape == b.shape, (n, a.dtype, a.shape, b.shape)
+            res = compare(a, b, tol, name=n)
+            assert res["passed"], f"{name} {dtype} {binding} {n}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
