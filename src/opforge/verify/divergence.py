@@ -84,6 +84,7 @@ class OpRecord:
     stack: list = field(default_factory=list)       # up to 4 user frames, innermost first
     uninit: bool = False
     random: bool = False
+    view: bool = False             # an alias of an input: exact by construction, never replayed
     kept: bool = True              # False when the byte budget ran out: metadata only
 
     @property
@@ -237,6 +238,7 @@ class Recorder(TorchDispatchMode):
         rec.func = func
         rec.uninit = kind == "aten" and name.split(".")[1] in UNINIT_OPS
         rec.random = torch.Tag.nondeterministic_seeded in func.tags
+        rec.view = bool(getattr(func, "is_view", False))
         keep = self._keep(flat_in)
         if keep:
             snaps = {id(t): _snap(t) for t in flat_in}
@@ -413,6 +415,8 @@ def _replayable(rec: OpRecord) -> str:
         return "values not kept (recording budget)"
     if rec.uninit or rec.random:
         return "uninitialised or random output"
+    if rec.view:
+        return "a view of its input: exact by construction"
     if rec.name.split(".", 1)[1] in NO_REPLAY or rec.short in NO_REPLAY:
         return "not replayable"
     if not rec.outputs:
