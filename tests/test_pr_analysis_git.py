@@ -83,6 +83,16 @@ def test_profiles_from_lists_and_profile_yaml(tmp_path):
     yml = tmp_path / "p.yaml"
     yml.write_text("- add.Tensor\n- relu\n")
     assert load_profile(str(yml)).operators == {"add.Tensor", "relu"}
+    stubs = tmp_path / "npu_native_functions.yaml"
+    stubs.write_text("backend: NPU\ncpp_namespace: at_npu::native\nsupported:\n  - add.Tensor\n  - abs\n"
+                     "autograd:\n  - npu_dropout\n"
+                     "custom:\n  - func: npu_dropout(Tensor self, float p) -> (Tensor, Tensor)\n")
+    p = load_profile(str(stubs))
+    assert p.operators == {"add.Tensor", "abs", "npu_dropout"} and p.autograd_ops == {"npu_dropout"}
+    assert p.name == "NPU"
+    js = tmp_path / "ops.json"
+    js.write_text('["add.Tensor", "aten::relu"]')
+    assert load_profile(str(js)).operators == {"add.Tensor", "relu"}
     g = load_profile(None)
     assert g.generic and g.relies_on("c10d") and not g.operators
 

@@ -1,8 +1,9 @@
 """The backend profile: the operators a backend implements and the integration points it relies on.
 
-Sources: an op-plugin style yaml (sections of `- func:` entries), an opforge profile yaml (`operators:`,
-`integration_points:`), a plain list (one overload a line), or `dispatch:KEY[@module]`, the operators the live
-dispatcher holds for KEY after importing the backend's module. Without one, a generic PrivateUse1 backend:
+Sources: an op-plugin style yaml (sections of `- func:` entries), torchgen's backend yaml (`backend:`,
+`supported:`, `autograd:`), an opforge profile yaml (`operators:`, `integration_points:`), a plain list (one
+overload a line; yaml or json lists too), or `dispatch:KEY[@module]`, the operators the live dispatcher holds for
+KEY after importing the backend's module. Without one, a generic PrivateUse1 backend:
 every integration point, operators unknown.
 """
 
@@ -20,7 +21,9 @@ from opforge.skills.pr_analysis.areas import INTEGRATION_POINTS
 from opforge.skills.pr_analysis.schema_diff import op_base
 
 ALL_POINTS = tuple(pid for pid, *_ in INTEGRATION_POINTS)
-OP_PLUGIN_SECTIONS = ("official", "autograd", "custom", "symint", "quant")
+# op-plugin's sections, then those of torchgen's gen_backend_stubs yaml (as used by torch_xla and torch_npu).
+BACKEND_SECTIONS = ("official", "autograd", "custom", "symint", "quant", "supported", "full_codegen", "non_native",
+                    "custom_autograd", "tocpu")
 _FUNC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?\(.*\)\s*->\s*\S")
 _OP_NAME = re.compile(r"^(?:aten::)?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?$")
 
@@ -83,25 +86,31 @@ def _from_dispatcher(spec: str) -> Profile:
     return Profile(name=f"{module or 'live'} ({key})", source=f"dispatch:{spec}", dispatch_key=key, operators=ops)
 
 
-def _from_op_plugin(path: Path, doc: dict) -> Profile:
+def _from_backend_yaml(path: Path, doc: dict) -> Profile:
+    """op-plugin sections of `- func:` entries, or torchgen's backend yaml (`supported:`, `autograd:` name lists)."""
     ops: set[str] = set()
     autograd: set[str] = set()
-    for section in OP_PLUGIN_SECTIONS:
+    for section in BACKEND_SECTIONS:
         entries = doc.get(section) or []
         if not isinstance(entries, list):
-            raise InputError(f"{path}: {section}", "expected a list of entries with 'func'")
+            raise InputError(f"{path}: {section}", "expected a list of operator names or entries with 'func'")
         for i, e in enumerate(entries):
-            func = e.get("func") if isinstance(e, dict) else None
-            # Shape only: op-plugin keeps entries for older torch releases that today's torchgen rejects.
-            if not isinstance(func, str) or not _FUNC.match(func):
-                raise InputError(f"{path}: {section}[{i}]", f"not a valid operator schema: {func!r}")
-            key = func.split("(", 1)[0].strip()
+            if isinstance(e, str) and _OP_NAME.match(e.strip()):
+                key = _norm(e)
+            else:
+                func = e.get("func") if isinstance(e, dict) else e
+                # Shape only: op-plugin keeps entries for older torch releases that today's torchgen rejects.
+                if not isinstance(func, str) or not _FUNC.match(func):
+                    raise InputError(f"{path}: {section}[{i}]", f"neither an overload name nor a schema: {func!r}")
+                key = func.split("(", 1)[0].strip()
             ops.add(key)
-            if section == "autograd":
+            if section in ("autograd", "custom_autograd"):
                 autograd.add(key)
     if not ops:
-        raise InputError(str(path), "the op-plugin yaml lists no operators")
-    return Profile(name=path.stem, source=str(path), operators=frozenset(ops), autograd_ops=frozenset(autograd))
+        raise InputError(str(path), "the backend yaml lists no operators")
+    key = doc.get("dispatch_key") or "PrivateUse1"
+    return Profile(name=str(doc.get("backend") or path.stem), source=str(path), dispatch_key=str(key),
+                   operators=frozenset(ops), autograd_ops=frozenset(autograd))
 
 
 def _from_profile_yaml(path: Path, doc: dict) -> Profile:
@@ -145,7 +154,7 @@ def load_profile(spec: str | None) -> Profile:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(str(path), f"cannot read: {exc}") from None
-    if path.suffix not in (".yaml", ".yml"):
+    if path.suffix not in (".yaml", ".yml", ".json"):
         return _from_list(path, text)
     try:
         doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -159,6 +168,7 @@ def load_profile(spec: str | None) -> Profile:
         raise InputError(str(path), "expected a mapping (op-plugin sections or 'operators:') or a list")
     if "operators" in doc:
         return _from_profile_yaml(path, doc)
-    if any(s in doc for s in OP_PLUGIN_SECTIONS):
-        return _from_op_plugin(path, doc)
-    raise InputError(str(path), f"expected 'operators:' or op-plugin sections ({', '.join(OP_PLUGIN_SECTIONS)})")
+    if any(s in doc for s in BACKEND_SECTIONS):
+        return _from_backend_yaml(path, doc)
+    raise InputError(str(path), "expected 'operators:', op-plugin sections (official, custom, ...) or a backend "
+                                "yaml (supported, autograd, ...)")
