@@ -123,7 +123,9 @@ def test_pr_numbers_reverts_and_plain_commits(synth, reports):
             assert row["pr"] == e["pr"] and row["pr_url"] == f"https://github.com/pytorch/pytorch/pull/{e['pr']}"
         assert row["commit_url"].endswith(row["commits"][0])
     assert any(e["pr"] is None and e["revert_of"] is None for e in expected)
-    assert any(e["revert_of"] is not None for e in expected)
+    reverted = {e["revert_of"] for e in expected if e["revert_of"] is not None}
+    assert reverted & {e["pr"] for e in expected}  # a PR and its revert in one window
+    assert {r["pr"] for r in rows.values() if r["reverted"]} == reverted & {e["pr"] for e in expected}
 
 
 def test_range_and_until_select_the_window(synth, op_plugin):

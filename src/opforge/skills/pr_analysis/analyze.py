@@ -60,6 +60,7 @@ def analyze_window(repo: Path, profile: Profile, *, since: str | None = None, un
                     "commit_url": f"{web}/commit/{commit.sha}",
                     "title": commit.title, "author": commit.author, "date": commit.date, "areas": [],
                     "operators": [], "points": [], "files": 0, "lines_added": 0, "lines_removed": 0,
+                    "reverted": False,
                 }
                 signals[key] = []
             row["commits"].append(commit.sha)
@@ -74,6 +75,9 @@ def analyze_window(repo: Path, profile: Profile, *, since: str | None = None, un
             signals[key] += g["signals"]
             if progress:
                 progress(n, total)
+    for kind, pr in rows:
+        if kind == "revert" and ("pr", pr) in rows:
+            rows[("pr", pr)]["reverted"] = True
     out_rows = []
     for key, row in rows.items():
         sig = sorted(signals[key], key=lambda s: -RANK[s.level])

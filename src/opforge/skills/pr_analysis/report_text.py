@@ -47,6 +47,8 @@ def to_markdown(report: dict) -> str:
             pr = f"[#{r['pr']}]({r['pr_url']})" if r["pr"] else "—"
             if r["kind"] == "revert":
                 pr += " (revert)"
+            elif r["reverted"]:
+                pr += " (reverted)"
             ev = "<br>".join(f"{e['subject']}: `{e['file']}{':' + e['lines'] if e['lines'] else ''}` {e['why']}"
                              for e in r["evidence"][:4])
             rows.append([pr, f"[{r['commits'][0][:10]}]({r['commit_url']})", r["title"], r["author"],

@@ -89,6 +89,12 @@ def _evidence(row: dict) -> str:
                      for e in row["evidence"])
 
 
+def _pr_label(row: dict) -> str:
+    if not row["pr"]:
+        return "(no PR)"
+    return f"#{row['pr']}" + (" (revert)" if row["kind"] == "revert" else " (reverted)" if row["reverted"] else "")
+
+
 def workbook_bytes(report: dict) -> bytes:
     wb = Workbook()
     _summary(wb.active, report)
@@ -98,7 +104,7 @@ def workbook_bytes(report: dict) -> bytes:
         header = ["PR", "pr_url", "Commit", "commit_url", "Title", "Author", "Date", "Areas", "Operators",
                   "Integration points", "Impact", "Evidence", "Suggestion"]
         widths = [10, 0, 12, 0, 60, 20, 20, 24, 30, 24, 9, 90, 60]
-        rows = [[(f"#{r['pr']}" + (" (revert)" if r["kind"] == "revert" else "")) if r["pr"] else "(no PR)",
+        rows = [[_pr_label(r),
                  r["pr_url"], r["commits"][0][:10], r["commit_url"], r["title"], r["author"], r["date"][:19],
                  r["areas"], r["operator_names"], r["points"], r["impact"], _evidence(r), r["suggestion"]]
                 for r in report["rows"]]
