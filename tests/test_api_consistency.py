@@ -172,6 +172,17 @@ def cases(tmp_path_factory) -> Path:
                                         torch.nn.Linear(64, 8))
             return model, torch.randn(16, 32)
         """)
+    write(d, "inv_energy.py", """
+        import torch
+
+        def forward(x):
+            s = x * 1e-4
+            energy = (s * s).sum(-1)                       # planted: the squares underflow in float16
+            return 1.0 / energy
+
+        def inputs():
+            return (torch.rand(4, 8) * 0.5 + 0.7,)
+        """)
     write(d, "test_like.py", """
         import torch
 
@@ -193,6 +204,13 @@ def test_half_overflow_in_an_intermediate_is_exit_3_at_the_planted_op(cases, tmp
     proc = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "REPRODUCED" in proc.stdout and "aten.pow.Tensor_Scalar alone" in proc.stdout
+
+
+def test_half_underflow_that_becomes_inf_is_exit_3_at_the_flushing_op(cases, tmp_path):
+    row, res, _ = run_json(cases / "inv_energy.py", "half", tmp_path)
+    assert (res["exit"], res["rule"]) == (3, "R3")
+    assert res["operator"]["name"] == "aten.mul.Tensor" and "(s * s)" in res["operator"]["site"]["code"]
+    assert "underflow to 0" in res["operator"]["reason"]
 
 
 def test_nondeterministic_accumulation_is_exit_3_at_the_sum(cases, tmp_path):

@@ -197,3 +197,17 @@ def test_uninitialised_allocations_are_poisoned():
     out, idx = t.outputs
     assert torch.isnan(out[-2:]).all() and not torch.isnan(out[:-2]).any()
     assert (idx == torch.iinfo(torch.int32).max).all()
+
+
+def test_range_event_finds_the_flush_to_zero_that_a_replay_cannot_blame():
+    def prog(x):
+        s = x * 1e-4
+        sq = s * s                        # underflows to 0 in float16; then 1/0 is inf, correctly
+        return 1.0 / sq.sum(-1)
+
+    x = torch.rand(4, 8) * 0.5 + 0.7
+    dut, ref = dv.record(prog, x.half()), dv.record(prog, x.double())
+    assert torch.isinf(dut.outputs[0]).all() and torch.isfinite(ref.outputs[0]).all()
+    assert dv.first_local_divergence(dut) is None  # every operator is right on its own inputs
+    rec, why = dv.range_event(ref, dut, dv.backward_slice(dut, 0))
+    assert rec.index == 1 and "sq = s * s" in rec.site.code and "underflow to 0" in why

@@ -645,3 +645,34 @@ def run_to_run(a: Trace, b: Trace) -> RunToRun | None:
             return hit
         fallback = fallback or hit
     return fallback
+
+
+def range_event(ref: Trace, dut: Trace, among: list[OpRecord] | None = None) -> tuple[OpRecord, str] | None:
+    """The first operator whose output leaves its dtype's range where the same operator of the reference
+    (aligned; typically the program in float64) stays inside: inf where the reference is finite (overflow),
+    or exactly zero where the reference is non-zero but below the dtype's smallest normal (underflow).
+
+    Each operator may be right on its own inputs (1/0 is inf): this finds where the range was first lost,
+    which a replay cannot see when the loss is a flush to zero that only later becomes inf or NaN.
+    """
+    keep = None if among is None else {r.index for r in among}
+    for i, j in align(ref, dut):
+        r, d = ref.records[i], dut.records[j]
+        if (keep is not None and d.index not in keep) or not (r.kept and d.kept) or d.uninit:
+            continue
+        for ro, do in zip(r.outputs, d.outputs):
+            if ro.shape != do.shape or not (ro.is_floating_point() and do.is_floating_point()) or not do.numel():
+                continue
+            rr, dd = ro.double(), do.double()
+            over = torch.isfinite(rr) & ~torch.isfinite(dd)
+            if over.any():
+                k = int(over.reshape(-1).nonzero()[0])
+                return d, (f"{int(over.sum())} element(s) overflow to {float(dd.reshape(-1)[k])} where the reference "
+                           f"holds {float(rr.reshape(-1)[k]):.6g}")
+            tiny = torch.finfo(do.dtype).tiny
+            under = (dd == 0) & (rr != 0) & (rr.abs() < tiny) & torch.isfinite(rr)
+            if under.any():
+                k = int(under.reshape(-1).nonzero()[0])
+                return d, (f"{int(under.sum())} element(s) underflow to 0 where the reference holds "
+                           f"{float(rr.reshape(-1)[k]):.3g} (below the smallest normal {tiny:.3g})")
+    return None

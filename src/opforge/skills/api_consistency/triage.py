@@ -28,8 +28,9 @@ RULES = [
                             "the expected dtype into another (or the first aligned operator whose shape differs)."),
     ("R3", 3, "precision", "inf/NaN appear where the float64 reference is finite, or values leave the program "
                            "tolerance, and one operator replayed in float64 on its own recorded inputs diverges "
-                           "beyond its dtype's tolerance (or an opaque kernel on the output's path is the only "
-                           "candidate, or the custom function itself when all its operators are right): that "
+                           "beyond its dtype's tolerance (else: the first operator on the output's path that "
+                           "overflows or flushes to zero where the float64 program does not; an opaque kernel on "
+                           "the path; the custom function itself when all its operators are right): that "
                            "operator's numerical defect."),
     ("R4", 3, "determinism", "Repeated runs on the target differ bit for bit while the CPU reference does not: a "
                              "determinism defect, localised to the first operator whose output values change with "
@@ -128,6 +129,12 @@ def _localise_numeric(dg, target: Target, progs, seed: int, bad_output: int, clo
         c = checks[-1]
         return "op", _op(c.record, c.reason), c.record
     path = dv.backward_slice(trace, bad_output) if trace.output_deps and bad_output < len(trace.output_deps) else []
+    if target.kind in ("lowp", "device") and path:
+        ref64 = dv.record(lambda: (torch.manual_seed(seed), progs["ref64"].call())[1])
+        hit = dv.range_event(ref64, trace, path)
+        if hit:
+            dg.checks["localisation"]["range"] = {"op": hit[0].name, "reason": hit[1]}
+            return "op", _op(hit[0], hit[1] + " in the float64 program"), hit[0]
     opaque = [r for r in path if r.kind in ("triton", "custom")]
     if opaque:
         ref_trace = dv.record(lambda: (torch.manual_seed(seed), progs["ref"].call())[1])
