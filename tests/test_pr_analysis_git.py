@@ -80,6 +80,10 @@ def test_profiles_from_lists_and_profile_yaml(tmp_path):
     lst.write_text("# ops of my backend\naten::add.Tensor\nmul.Tensor  # with a comment\n\n")
     p = load_profile(str(lst))
     assert p.operators == {"add.Tensor", "mul.Tensor"} and not p.generic and p.has_family("add_.Tensor")
+    assert p.implements("add.Tensor") and not p.implements("add.out")
+    lst.write_text("abs\n")
+    p = load_profile(str(lst))
+    assert p.implements("abs") and p.implements("abs.out") and not p.implements("abs_")
     yml = tmp_path / "p.yaml"
     yml.write_text("- add.Tensor\n- relu\n")
     assert load_profile(str(yml)).operators == {"add.Tensor", "relu"}
@@ -89,6 +93,7 @@ def test_profiles_from_lists_and_profile_yaml(tmp_path):
                      "custom:\n  - func: npu_dropout(Tensor self, float p) -> (Tensor, Tensor)\n")
     p = load_profile(str(stubs))
     assert p.operators == {"add.Tensor", "abs", "npu_dropout"} and p.autograd_ops == {"npu_dropout"}
+    assert not p.implements("abs.out")  # backend yaml names are exact overloads
     assert p.name == "NPU"
     js = tmp_path / "ops.json"
     js.write_text('["add.Tensor", "aten::relu"]')

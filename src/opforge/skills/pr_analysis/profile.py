@@ -37,14 +37,16 @@ class Profile:
     autograd_ops: frozenset[str] = frozenset()  # overloads whose autograd the backend registers itself
     points: tuple[str, ...] = ALL_POINTS
     generic: bool = False
+    # Hand-written lists: a name without an overload (`add`) covers all of its overloads (`add.Tensor`, `add.out`).
+    loose: bool = False
     families: frozenset[str] = field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         self.families = frozenset(op_base(o) for o in self.operators)
 
     def implements(self, op: str) -> bool:
-        # An op-plugin entry without an overload name is the default overload.
-        return op in self.operators
+        # In op-plugin yaml and the dispatcher a name without an overload is the default overload only.
+        return op in self.operators or (self.loose and op.split(".", 1)[0] in self.operators)
 
     def has_family(self, op: str) -> bool:
         return op_base(op) in self.families
@@ -125,7 +127,7 @@ def _from_profile_yaml(path: Path, doc: dict) -> Profile:
     if not isinstance(key, str) or not key:
         raise InputError(f"{path}: dispatch_key", "expected a dispatch key name such as PrivateUse1")
     return Profile(name=str(doc.get("name", path.stem)), source=str(path), dispatch_key=key,
-                   operators=frozenset(_norm(o) for o in ops), points=tuple(points))
+                   operators=frozenset(_norm(o) for o in ops), points=tuple(points), loose=True)
 
 
 def _from_list(path: Path, text: str) -> Profile:
@@ -139,7 +141,7 @@ def _from_list(path: Path, text: str) -> Profile:
         ops.add(_norm(line))
     if not ops:
         raise InputError(str(path), "the operator list is empty")
-    return Profile(name=path.stem, source=str(path), operators=frozenset(ops))
+    return Profile(name=path.stem, source=str(path), operators=frozenset(ops), loose=True)
 
 
 def load_profile(spec: str | None) -> Profile:
