@@ -56,7 +56,8 @@ def _scaled_cumsum_kernel(x_ptr, out_ptr, n_rows, n_cols, alpha, BLOCK: tl.const
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < tl.where(row < n_rows, n_cols, 0)
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    # a running sum of a thousand float32 terms drifts past the tolerance; float64 keeps it to one rounding
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float64)
     y = tl.cumsum(x, axis=0) * alpha
     tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
