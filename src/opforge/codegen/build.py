@@ -39,7 +39,7 @@ def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list
         return plan_kernel(name, gm, input_names, outputs, like)
     except Unsupported:
         dims = graph_dims(gm, input_names)
-        named = symbol_map(gm, req)
+        named = symbol_map(gm, req, products=True)
         names = {s: named.get(s, str(s)) for s in dims}
         plan = plan_rows(name, gm, input_names, outputs, like, names)
         plan.dims = dims
@@ -69,14 +69,21 @@ def generate_impl(req: Request, build: Build) -> str:
                        input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic)
 
 
-def symbol_map(gm, req: Request) -> dict:
-    """Graph shape symbols -> the request's shape symbols, read off the placeholders."""
+def symbol_map(gm, req: Request, products: bool = False) -> dict:
+    """Graph shape symbols -> the request's shape symbols, read off the placeholders. With `products`, a
+    dimension declared as 'G*32' maps to the expression 32*G."""
     out = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for spec, node in zip(req.inputs, placeholders):
         for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
             if isinstance(e, sympy.Symbol) and isinstance(d, str) and d.isidentifier():
                 out[e] = d
+            elif products and isinstance(e, sympy.Symbol) and isinstance(d, str) and e not in out:
+                expr = sympy.Integer(1)
+                for f in d.split("*"):
+                    f = f.strip()
+                    expr = expr * (int(f) if f.isdigit() else sympy.Symbol(f, integer=True, positive=True))
+                out[e] = expr
     return out
 
 

@@ -12,7 +12,7 @@ import torch
 from opforge.codegen.ops import CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import _literal
 from opforge.codegen.rows import RowPlan
-from opforge.codegen.symbolic import SYM_OPS, product, pysrc, shape_env_of, shape_of
+from opforge.codegen.symbolic import SYM_OPS, atoms, product, pysrc, shape_env_of, shape_of
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}
 _ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
@@ -318,7 +318,7 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs]
     if cross:
         params += ["acc_ptr", "partials_ptr", "colacc_ptr", "colpart_ptr", "ticket_ptr"]
-    params += list(dict.fromkeys(plan.symbols.values())) + plan.attrs
+    params += atoms(plan.symbols) + plan.attrs
     params += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "PERSISTENT: tl.constexpr"]
     if cross:
         params += ["RBLOCK: tl.constexpr", "DETERMINISTIC: tl.constexpr"]
@@ -412,6 +412,22 @@ def _cross_program(plan: RowPlan) -> list[str]:
     return out
 
 
+def _size_sources(names: dict, dims: dict) -> dict:
+    """Each size argument -> where the launcher reads it: an input's dimension, or one divided by a constant
+    when the size only appears in a product ('G*32': G = weight.shape[1] // 32)."""
+    out = {}
+    for s, v in sorted(names.items(), key=lambda kv: str(kv[1])):
+        if isinstance(v, str) and s in dims:
+            out.setdefault(v, dims[s])
+    for s, v in names.items():
+        if isinstance(v, sympy.Basic) and s in dims:
+            free = sorted(v.free_symbols, key=str)
+            coeff = v / free[0] if len(free) == 1 else None
+            if coeff is not None and coeff.is_Integer and str(free[0]) not in out:
+                out[str(free[0])] = f"{dims[s]} // {coeff}"
+    return out
+
+
 def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],
                       runtime_attrs: list[str]) -> str:
     """Allocates outputs and launches the kernel; torch does no math here. `dims`: graph symbol -> source."""
@@ -423,9 +439,8 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b(f"    {', '.join(used)}{',' if len(used) == 1 else ''} = "
       f"{', '.join(f'{u}.contiguous()' for u in used)}{',' if len(used) == 1 else ''}")
     names = plan.symbols
-    for s, name in dict(sorted(names.items(), key=lambda kv: kv[1])).items():
-        if s in dims:
-            b(f"    {name} = {dims[s]}")
+    for name, src in _size_sources(names, dims).items():
+        b(f"    {name} = {src}")
     env = shape_env_of(plan.gm)
     for a in plan.inputs:
         b(f"    _expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
@@ -453,7 +468,7 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
         b(f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})")
         args += ["acc", "partials", "colacc", "colpart", "ticket"]
         extra = ", RBLOCK=RBLOCK, DETERMINISTIC=deterministic"
-    args += list(dict.fromkeys(names.values())) + plan.attrs
+    args += atoms(names) + plan.attrs
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
       "**_LAUNCH)")
     b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")

@@ -105,6 +105,7 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.tanh.default": OpRule(
         _P, lambda a, **_: f"(1.0 - tl.div_rn(2.0, tl.exp(2.0 * {a}) + 1.0))", False, "tl.exp"),
     "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, 1.0 + tl.exp(-{a}))", False, "tl.exp"),
+    "aten.erf.default": OpRule(_P, lambda a, **_: f"tl.math.erf({a})", False, "tl.math.erf"),
     "aten.sin.default": OpRule(_P, lambda a, **_: f"tl.sin({a})", False, "tl.sin"),
     "aten.cos.default": OpRule(_P, lambda a, **_: f"tl.cos({a})", False, "tl.cos"),
     # rounding

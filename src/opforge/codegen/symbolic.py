@@ -85,10 +85,25 @@ class _Printer(StrPrinter):
 
 
 def pysrc(expr, names: dict) -> str:
-    """Python source of a shape expression, with graph symbols renamed (`names`: symbol -> name)."""
+    """Python source of a shape expression, with graph symbols renamed. `names` maps a symbol to a name, or to
+    an expression over named symbols (a 'G*32' dimension is 32*G), which lets torch's FloorDiv simplify."""
     e = sympy.sympify(expr)
-    e = e.xreplace({s: sympy.Symbol(names.get(s, str(s))) for s in e.free_symbols})
+    e = e.xreplace({s: _named(names.get(s, str(s))) for s in e.free_symbols})
     return _Printer().doprint(e)
+
+
+def _named(v):
+    return v if isinstance(v, sympy.Basic) else sympy.Symbol(v, integer=True, positive=True)
+
+
+def atoms(names: dict) -> list[str]:
+    """The size arguments a kernel takes: every name the symbols are expressed in."""
+    out: list[str] = []
+    for v in names.values():
+        for a in (sorted(str(x) for x in v.free_symbols) if isinstance(v, sympy.Basic) else [v]):
+            if a not in out:
+                out.append(a)
+    return out
 
 
 # Python-level arithmetic on sizes that make_fx records as graph nodes

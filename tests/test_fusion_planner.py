@@ -1,0 +1,143 @@
+"""Requests nobody wrote the engine for: other compositions of pointwise ops and reductions build and verify
+without code changes; what the engine cannot fuse is refused in stage 2 with the op named, never a traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from opforge.codegen.build import generate_impl, plan_request
+from opforge.codegen.ops import markdown_table
+from opforge.codegen.plan import Unsupported
+from opforge.request import load_request
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (inputs, attributes, reference body, shape bindings to check)
+UNSEEN = {
+    "softcap": ({"x": [["N", "M"], True]}, {"cap": 30.0},
+                "return torch.tanh(x / cap) * cap", [{"N": 5, "M": 7}, {"N": 17, "M": 300}]),
+    "l2_normalize": ({"x": [["N", "D"], True]}, {"eps": 1e-12},
+                     "return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)", [{"N": 4, "D": 9}, {"N": 3, "D": 700}]),
+    "row_logsumexp": ({"x": [["N", "V"], True]}, {},
+                      "return torch.logsumexp(x, dim=-1)", [{"N": 6, "V": 11}, {"N": 2, "V": 900}]),
+    "mse_loss": ({"a": [["N", "M"], True], "b": [["N", "M"], True]}, {},
+                 "return ((a - b) ** 2).mean()", [{"N": 5, "M": 7}, {"N": 33, "M": 65}]),
+    "bias_gelu_scale": ({"x": [["B", "S", "H"], True], "bias": [["H"], True]}, {"alpha": 0.5},
+                        "return torch.nn.functional.gelu(x + bias) * alpha",
+                        [{"B": 2, "S": 3, "H": 5}, {"B": 1, "S": 4, "H": 33}]),
+    "rowmax_fake_quant": ({"x": [["N", "M"], True]}, {},
+                          "s = x.abs().amax(-1, keepdim=True) / 127.0 + 1e-8\n"
+                          "    q = x / s\n"
+                          "    return (q + (torch.round(q) - q).detach()) * s",
+                          [{"N": 5, "M": 7}, {"N": 9, "M": 400}]),
+}
+
+
+def write_request(root: Path, name: str, inputs: dict, attrs: dict, body: str, p0: list) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    sig = ", ".join(list(inputs) + [f"{k}: float = {v!r}" for k, v in attrs.items()])
+    (d / "reference.py").write_text(f"import torch\n\n\ndef forward({sig}):\n    {body}\n")
+    doc = {"name": name, "description": f"{name} (a composition the engine was not written for)",
+           "category": "other",
+           "inputs": {k: {"shape": shape, "dtype": ["float32", "bfloat16"] if i == 0 else f"like {next(iter(inputs))}",
+                          "requires_grad": rg} for i, (k, (shape, rg)) in enumerate(inputs.items())},
+           "attributes": {k: {"type": "float", "default": v} for k, v in attrs.items()},
+           "reference": "reference.py:forward", "backward": True, "shapes": {"p0": p0[:1]}}
+    (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+def load_impl(path: Path, source: str):
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", list(UNSEEN))
+def test_unseen_composition_builds_and_matches_float64(tmp_path, name):
+    inputs, attrs, body, bindings = UNSEEN[name]
+    req = load_request(write_request(tmp_path, name, inputs, attrs, body, bindings))
+    impl = load_impl(tmp_path / f"{name}_unseen_impl.py", generate_impl(req, plan_request(req)))
+    ref = req.load_reference()
+    gen = torch.Generator().manual_seed(7)
+    for binding in bindings:
+        for dtype, rtol in ((torch.float32, 2e-5), (torch.bfloat16, 2e-2)):
+            ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64).to(dtype)
+                   for s in req.inputs]
+            got_in = [t.clone().requires_grad_() for t in ins]
+            ref_in = [t.double().requires_grad_() for t in ins]
+            got, want = getattr(impl, name)(*got_in), ref(*ref_in)
+            g = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+            got_g = torch.autograd.grad(got, got_in, g.to(dtype))
+            want_g = torch.autograd.grad(want, ref_in, g)
+            for a, b in zip((got, *got_g), (want, *want_g)):
+                assert a.shape == b.shape and a.dtype == dtype
+                scale = float(b.abs().max()) if b.numel() else 1.0
+                torch.testing.assert_close(a.double(), b, rtol=rtol, atol=rtol * scale)
+
+
+REFUSED = {
+    "cumsum": ("return torch.cumsum(x, dim=-1)", "aten.cumsum.default"),
+    "matmul": ("return x @ x.t()", "aten."),
+    "center_columns": ("return x - x.mean(0, keepdim=True)", "second pass"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_outside_the_supported_set_is_refused_by_name(tmp_path, case):
+    body, named = REFUSED[case]
+    req = load_request(write_request(tmp_path, case, {"x": [["N", "M"], True]}, {}, body, [{"N": 5, "M": 7}]))
+    with pytest.raises(Unsupported) as exc:
+        plan_request(req)
+    assert named in str(exc.value)
+
+
+def test_cli_stops_in_stage_2_with_the_op_named(tmp_path):
+    d = write_request(tmp_path, "cumsum_op", {"x": [["N", "M"], True]}, {}, "return torch.cumsum(x, dim=-1) * 2",
+                      [{"N": 5, "M": 7}])
+    proc = subprocess.run([sys.executable, "-m", "opforge", "op", "run", str(d), "--out", str(tmp_path / "ws")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("BLOCKED_API") and "aten.cumsum.default" in last
+    report = (tmp_path / "ws" / "API_REPORT.md").read_text()
+    assert "## Unsupported" in report and "aten.cumsum.default" in report
+
+
+def test_docs_op_table_is_generated_from_the_code():
+    assert (ROOT / "docs" / "ops.md").read_text() == markdown_table()
+
+
+def test_group_size_relation_from_a_product_shape(tmp_path):
+    """'G*32' ties the weight's row to the number of groups; the kernel's rows are the groups."""
+    req = load_request(ROOT / "examples" / "qat_asymmetric_per_group")
+    build = plan_request(req)
+    assert build.forward.layout == "rows"
+    assert build.forward.n_cols == "32"
+    layouts = {a.name: a.layout for a in build.forward.inputs}
+    assert layouts == {"weight": "flat", "scale": "row", "offset": "row"}
+    assert {(r.axis, r.kind) for r in build.backward.reductions} == {("row", "sum")}
+
+
+def test_plan_names_its_reductions():
+    req = load_request(ROOT / "examples" / "layer_norm")
+    b = plan_request(req)
+    axes = sorted(r.axis for r in b.backward.reductions)
+    assert axes.count("col") == 2 and "row" in axes  # grad_weight and grad_bias sum over rows
+    assert b.forward.phases == 2  # the mean, then the variance around it
+    src = generate_impl(req, b)
+    assert "if PERSISTENT:" in src and "tl.atomic_add(colacc_ptr" in src
+    assert textwrap.dedent(src).count("def _layer_norm_backward_kernel(") == 1
