@@ -175,3 +175,22 @@ def test_release_cli_json_xlsx_and_errors(texts, tmp_path):
 def test_kinds_of_schema_change(old, new, kinds):
     got, details = classify_schema(FunctionSchema.parse(old), FunctionSchema.parse(new))
     assert got == kinds and len(details) >= len(kinds)
+
+
+def test_yaml_written_by_a_dumper_that_sorts_keys():
+    """Entries whose `func:` is not the first key, and schemas folded over two lines, diff the same way."""
+    from opforge.skills.pr_analysis.schema_diff import diff_native
+
+    a = [{"func": "add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", "dispatch": {"CPU": "k"}},
+         {"func": "relu(Tensor self) -> Tensor", "variants": "function, method"},
+         {"func": "abs(Tensor self) -> Tensor"}]
+    b = [dict(a[0], func="add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1, bool a_long_flag_name_that_"
+                         "makes_the_dumper_fold_the_line=False) -> Tensor"),
+         a[1], {"func": "abs(Tensor self) -> (Tensor, Tensor)", "autogen": "abs.out"},
+         {"func": "new_op(Tensor self) -> Tensor"}]
+    old, new = yaml.safe_dump(a), yaml.safe_dump(b)
+    assert new.startswith("- dispatch:") and "\n    -> Tensor" in new
+    got = {c.op: (c.change, c.kinds) for c in diff_native(old, new)}
+    assert got == {"add.Tensor": ("changed", ["argument_added_with_default"]),
+                   "abs": ("changed", ["return_changed", "field_changed:autogen"]),
+                   "new_op": ("added", ["added"])}

@@ -17,7 +17,7 @@ from opforge.errors import InputError
 from opforge.skills.pr_analysis.areas import LEVELS, NATIVE_FUNCTIONS
 from opforge.skills.pr_analysis.grade import grade_op
 from opforge.skills.pr_analysis.profile import Profile
-from opforge.skills.pr_analysis.schema_diff import diff_native
+from opforge.skills.pr_analysis.schema_diff import diff_native, split_native
 
 PACKAGED = "torchgen/packaged/ATen/native/native_functions.yaml"
 
@@ -29,7 +29,7 @@ def installed_yaml() -> Path:
 
 
 def _check_text(flag: str, where: str, text: str) -> str:
-    if "- func:" not in text:
+    if "func:" not in text:
         raise InputError(flag, f"{where} is not a native_functions.yaml (no '- func:' entries)")
     return text
 
@@ -97,8 +97,8 @@ def release_diff(a: str, b: str, profile: Profile, repo: Path | None = None) -> 
         "from": src_a, "to": src_b,
         "profile": profile.to_dict(),
         "summary": {
-            "overloads_from": text_a.count("\n- func:") + text_a.startswith("- func:"),
-            "overloads_to": text_b.count("\n- func:") + text_b.startswith("- func:"),
+            "overloads_from": len(split_native(text_a)),
+            "overloads_to": len(split_native(text_b)),
             "added": by_change.get("added", 0), "removed": by_change.get("removed", 0),
             "renamed": by_change.get("renamed", 0), "changed": by_change.get("changed", 0),
             "schema_differs": sum(o["schema_differs"] for o in ops),
