@@ -141,3 +141,19 @@ def test_plan_names_its_reductions():
     src = generate_impl(req, b)
     assert "if PERSISTENT:" in src and "tl.atomic_add(colacc_ptr" in src
     assert textwrap.dedent(src).count("def _layer_norm_backward_kernel(") == 1
+
+
+def test_row_strided_input_is_read_in_place(tmp_path):
+    req = load_request(ROOT / "examples" / "rms_norm")
+    impl = load_impl(tmp_path / "rms_strided_impl.py", generate_impl(req, plan_request(req)))
+    wide = torch.randn(6, 40, generator=torch.Generator().manual_seed(3))
+    x = wide[:, 3:20]  # 17 columns, rows 40 elements apart
+    view, stride = impl._rows_of(x)
+    assert view.data_ptr() == x.data_ptr() and stride == 40
+    w = torch.randn(17, generator=torch.Generator().manual_seed(4))
+    got = impl.rms_norm(x, w)
+    x64 = x.double()
+    want = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6) * w.double()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    dense, stride = impl._rows_of(x.t())  # columns not contiguous: a dense copy
+    assert dense.is_contiguous() and stride == 6

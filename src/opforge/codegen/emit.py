@@ -236,6 +236,16 @@ def _expect_numel(name: str, t: torch.Tensor, n: int) -> None:
         raise ValueError(f"{name}: expected {n} elements for this operator, got shape {tuple(t.shape)}")
 
 
+def _rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """t and the distance between its rows, when its columns are contiguous and its leading dimensions
+    collapse into one evenly strided row index (a slice x[:, :H] of a wider tensor); else a dense copy."""
+    if t.dim() >= 2 and t.stride(-1) == 1 and all(
+            t.stride(i) == t.stride(i + 1) * t.shape[i + 1] for i in range(t.dim() - 2)):
+        return t, t.stride(-2)
+    t = t.contiguous()
+    return t, t.shape[-1]
+
+
 def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)} for this operator, got {tuple(t.shape)}")

@@ -316,6 +316,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
 def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     cross = bool(plan.full_reductions or plan.col_reductions)
     params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs]
+    params += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     if cross:
         params += ["acc_ptr", "partials_ptr", "colacc_ptr", "colpart_ptr", "ticket_ptr"]
     params += atoms(plan.symbols) + plan.attrs
@@ -436,8 +437,13 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     out = [f"def {fn_name}({sig}):"]
     b = out.append
     used = [a.name for a in plan.inputs]
-    b(f"    {', '.join(used)}{',' if len(used) == 1 else ''} = "
-      f"{', '.join(f'{u}.contiguous()' for u in used)}{',' if len(used) == 1 else ''}")
+    dense = [a.name for a in plan.inputs if not a.row_strided]
+    if dense:
+        b(f"    {', '.join(dense)}{',' if len(dense) == 1 else ''} = "
+          f"{', '.join(f'{u}.contiguous()' for u in dense)}{',' if len(dense) == 1 else ''}")
+    for a in plan.inputs:
+        if a.row_strided:
+            b(f"    {a.name}, {a.name}_row_stride = _rows_of({a.name})  # no copy when only the rows are spaced out")
     names = plan.symbols
     for name, src in _size_sources(names, dims).items():
         b(f"    {name} = {src}")
@@ -455,6 +461,7 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
     b("    grid = (max(1, triton.cdiv(n_rows, BLOCK_R)),)")
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
+    args += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     extra = ""
     full, col = plan.full_reductions, plan.col_reductions
     if full or col:

@@ -56,6 +56,7 @@ class RowInput:
     row_off: str  # element offset of a row, Python source over `rows` and the size symbols
     col_stride: int  # 1, or 0 when broadcast along the columns
     shape: list
+    row_strided: bool = False  # rows may be evenly spaced further apart than n_cols (a slice of a wider tensor)
 
 
 @dataclass
@@ -189,8 +190,9 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             col = 1 if shape and not same(shape[-1], sympy.Integer(1), env) and len(shape) >= 1 and \
                 same(shape[-1], C, env) else 0
             dr = bool(terms)
-            if dr and col and all(same(d, s, env) for d, s in zip(shape, space[pad:])) and pad == 0:
-                terms = ["rows * n_cols"]  # contiguous and full: the flat offset
+            if dr and col and pad == 0 and all(same(d, s, env) for d, s in zip(shape, space)):
+                # the iteration space itself: rows one stride apart, so a row-strided view needs no copy
+                return RowInput(pname, i, True, "flat", f"rows * {pname}_row_stride", 1, shape, len(shape) >= 2)
             layout = "broadcast" if dr and col else ("row" if dr else ("col" if col else "scalar"))
             return RowInput(pname, i, dr and bool(col), layout, " + ".join(terms) or "0", col, shape)
         if same(numel, R * C, env):
