@@ -24,6 +24,14 @@ def _out_path(flag: str, path: Path | None) -> Path | None:
     return path
 
 
+def _write_xlsx(report: dict, path: Path) -> None:
+    try:  # openpyxl is only needed for the workbook; JSON and Markdown work without it
+        from opforge.skills.pr_analysis.report_xlsx import write_xlsx
+    except ImportError as exc:
+        raise InputError("--out", f"writing xlsx needs openpyxl ({exc}); pip install openpyxl") from None
+    write_xlsx(report, path)
+
+
 def _print_summary(console: Console, report: dict, written: list[str]) -> None:
     s = report["summary"]
     if report["mode"] == "release":
@@ -77,7 +85,6 @@ def pr_analysis_command(
     from opforge.skills.pr_analysis.profile import load_profile
     from opforge.skills.pr_analysis.release import release_diff
     from opforge.skills.pr_analysis.report_text import to_json, write_json, write_markdown
-    from opforge.skills.pr_analysis.report_xlsx import write_xlsx
 
     console = Console(stderr=True)
     to_stdout = json_out is not None and str(json_out) == "-"
@@ -110,7 +117,7 @@ def pr_analysis_command(
 
             review_rows(report, llm, llm_model, limit=llm_max)
         written = []
-        for path, write in ((out_p, write_xlsx), (json_p, write_json), (md_p, write_markdown)):
+        for path, write in ((out_p, _write_xlsx), (json_p, write_json), (md_p, write_markdown)):
             if path is not None and str(path) != "-":
                 try:
                     write(report, path)
