@@ -102,6 +102,10 @@ def cases(tmp_path_factory) -> Path:
             axpy_kernel[(triton.cdiv(x.numel(), 64),)](x, y, out, a, x.numel(), BLOCK=64)
             return out
 
+        @torch.library.custom_op("consistency_test::axpy", mutates_args=())
+        def axpy_op(x: torch.Tensor, y: torch.Tensor, a: float = 0.5) -> torch.Tensor:
+            return axpy_last_block_bug(x, y, a)
+
         def axpy_blocked_torch(x, y, a=0.5):
             out = torch.zeros_like(x)
             for s in range(0, x.numel() - 64, 64):          # planted: stops before the last block
@@ -265,6 +269,13 @@ def test_triton_kernel_off_by_one_on_the_last_block_is_exit_3_at_the_kernel(case
     assert any("last-block" in e for e in res["evidence"])
     row, res, _ = run_json(cases / "axpy.py", "custom:impls:axpy_ok", tmp_path)
     assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]
+
+
+def test_off_by_one_inside_a_torch_library_op_names_the_op_and_its_kernel(cases, tmp_path):
+    row, res, _ = run_json(cases / "axpy.py", "custom:impls:axpy_op", tmp_path)
+    assert (res["exit"], res["rule"]) == (3, "R3")
+    assert res["operator"]["name"] == "consistency_test.axpy.default"
+    assert "launches triton:axpy_kernel" in res["operator"]["reason"]
 
 
 def test_plain_torch_kernel_off_by_one_is_exit_3_at_the_custom_function(cases, tmp_path):

@@ -211,3 +211,22 @@ def test_range_event_finds_the_flush_to_zero_that_a_replay_cannot_blame():
     assert dv.first_local_divergence(dut) is None  # every operator is right on its own inputs
     rec, why = dv.range_event(ref, dut, dv.backward_slice(dut, 0))
     assert rec.index == 1 and "sq = s * s" in rec.site.code and "underflow to 0" in why
+
+
+@torch.library.custom_op("opforge_test::double_op", mutates_args=())
+def _double_op(x: torch.Tensor) -> torch.Tensor:
+    return _double(x)
+
+
+@_double_op.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_custom_op_is_one_operator_with_its_launches_as_children():
+    t = dv.record(lambda x: _double_op(x).sum(), torch.randn(50))
+    names = [r.name for r in t.records]
+    assert names == ["triton:_double_kernel", "opforge_test.double_op.default", "aten.sum.default"]
+    assert [r.index for r in t.records] == [0, 1, 2]
+    op = t.records[1]
+    assert op.kind == "custom" and op.children == [0] and t.records[2].deps == [1]

@@ -82,6 +82,7 @@ class OpRecord:
     deps: list = field(default_factory=list)        # indices of records that wrote the storages it read
     site: CallSite | None = None
     stack: list = field(default_factory=list)       # up to 4 user frames, innermost first
+    children: list = field(default_factory=list)    # records made while it ran (Triton launches in a custom op)
     uninit: bool = False
     random: bool = False
     view: bool = False             # an alias of an input: exact by construction, never replayed
@@ -204,6 +205,7 @@ class Recorder(TorchDispatchMode):
         return True
 
     def _begin(self, name: str, kind: str, tensors_in: list) -> OpRecord:
+        # provisional: launches made while it runs are recorded first, so the index is final in _finish
         rec = OpRecord(index=len(self.records), name=name, kind=kind)
         stack = _user_stack()
         rec.site, rec.stack = (stack[0] if stack else None), stack
@@ -216,6 +218,8 @@ class Recorder(TorchDispatchMode):
         return rec
 
     def _finish(self, rec: OpRecord, tensors_in: list, tensors_out: list) -> None:
+        rec.children = list(range(rec.index, len(self.records)))
+        rec.index = len(self.records)
         in_keys = {_storage_key(t) for t in tensors_in}
         for t in tensors_out:
             key = _storage_key(t)

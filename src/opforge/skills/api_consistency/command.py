@@ -56,6 +56,11 @@ def run_batch(specs: list[str], target: str, out: Path, *, fn: str | None = None
             errors.append(str(exc))
             rows.append({"case": spec, "target": target, "exit": None, "rule": "", "check": "input",
                          "conclusion": f"bad input: {exc}"})
+        except Exception as exc:  # one case's failure must not cost the batch the others
+            if len(specs) == 1:
+                raise
+            rows.append({"case": spec, "target": target, "exit": None, "rule": "", "check": "error",
+                         "conclusion": f"opforge failed on this case: {type(exc).__name__}: {exc}"})
     write_summary(out, rows)
     return rows, errors
 
@@ -105,4 +110,4 @@ def api_consistency(
         console.print(f"summary: {out / 'summary.xlsx'}")
     if errors:
         raise typer.Exit(2)
-    raise typer.Exit(1 if any(r["exit"] in (2, 3) for r in rows) else 0)
+    raise typer.Exit(1 if any(r["exit"] in (2, 3, None) for r in rows) else 0)

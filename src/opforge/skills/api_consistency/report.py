@@ -118,8 +118,8 @@ def write_case(out: Path, dg: Diagnosis, case, target) -> Path:
     write_text_atomic(folder / "case_source.py", case.path.read_text())
     custom_file = None
     if target.kind == "custom":
-        src = Path(target.impl.__code__.co_filename)
-        if src.is_file():
+        src = Path(target.impl_file)
+        if target.impl_file and src.is_file():
             custom_file = "custom_impl.py"
             shutil.copyfile(src, folder / ".custom_impl.py.tmp")
             (folder / ".custom_impl.py.tmp").replace(folder / custom_file)

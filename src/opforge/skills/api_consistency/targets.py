@@ -34,6 +34,7 @@ class Target:
     dtype: torch.dtype | None = None  # lowp only
     impl: Callable | None = None     # custom only
     impl_name: str = ""
+    impl_file: str = ""              # the module's file, copied beside the repro script
 
     @property
     def label(self) -> str:
@@ -48,7 +49,7 @@ def _npu_available() -> bool:
     return bool(getattr(torch, "npu", None)) and torch.npu.is_available()
 
 
-def _load_custom(ref: str, case_dir: Path | None) -> tuple[Callable, str]:
+def _load_custom(ref: str, case_dir: Path | None) -> tuple[Callable, str, str]:
     mod_part, sep, fn_name = ref.rpartition(":")
     if not sep or not mod_part or not fn_name:
         raise InputError("--target", f"custom target {ref!r}: expected custom:module:function")
@@ -76,7 +77,7 @@ def _load_custom(ref: str, case_dir: Path | None) -> tuple[Callable, str]:
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise InputError("--target", f"custom module {mod_part} has no function {fn_name}")
-    return fn, f"{mod_part}:{fn_name}"
+    return fn, f"{mod_part}:{fn_name}", getattr(mod, "__file__", "") or ""
 
 
 def parse_target(spec: str, case_dir: Path | None = None) -> Target:
@@ -95,8 +96,8 @@ def parse_target(spec: str, case_dir: Path | None = None) -> Target:
                                          "or finds no device)")
         return Target(s, "device", device=s)
     if s.startswith("custom:"):
-        fn, name = _load_custom(s[len("custom:"):], case_dir)
-        return Target(s, "custom", impl=fn, impl_name=name)
+        fn, name, file = _load_custom(s[len("custom:"):], case_dir)
+        return Target(s, "custom", impl=fn, impl_name=name, impl_file=file)
     raise InputError("--target", f"unknown target {s!r} (expected cuda, npu, compile, half, bf16 or "
                                  "custom:module:function)")
 

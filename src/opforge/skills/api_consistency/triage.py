@@ -141,6 +141,8 @@ def _localise_numeric(dg, target: Target, progs, seed: int, bad_output: int, clo
         r = opaque[0]
         aligned = dict((j, i) for i, j in dv.align(ref_trace, trace))
         note = "the first opaque kernel on the output's path (every replayable operator is right)"
+        if r.children:
+            note += "; it launches " + ", ".join(trace.records[c].name for c in r.children)
         if r.index in aligned:
             note += f"; aligned with the reference's {ref_trace.records[aligned[r.index]].name}"
         return "op", _op(r, note), r
