@@ -69,7 +69,7 @@ def pr_analysis_command(
     to_torch: str = typer.Option(None, "--to-torch", help="release mode: the newer release, same forms"),
     backend: str = typer.Option(None, "--backend", help="profile: op-plugin yaml, profile yaml, list of overloads, "
                                                         "or dispatch:KEY[@module]; default a generic PrivateUse1"),
-    out: Path = typer.Option(Path("pr-analysis.xlsx"), "--out", help="the Excel report"),
+    out: Path = typer.Option(Path("pr-analysis.xlsx"), "--out", help="the Excel report ('-' writes none)"),
     json_out: Path = typer.Option(None, "--json", help="the JSON report ('-' prints it on stdout)"),
     md_out: Path = typer.Option(None, "--md", help="the Markdown report"),
     web: str = typer.Option(None, "--web", help="base URL for links (default: origin on GitHub, else "
