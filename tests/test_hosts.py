@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,7 @@ def test_init_claude_layout_idempotent_and_exact_uninstall(repo):
     assert settings["model"] == "x"
     assert {"PreToolUse", "SubagentStop", "Stop"} <= set(settings["hooks"])
     cmds = [h["command"] for g in settings["hooks"]["Stop"] for h in g["hooks"]]
-    assert cmds == ["echo mine", "opforge hooks gate --host claude"]
+    assert cmds == ["echo mine", "opforge-hook gate --host claude"]
     assert settings["hooks"]["PreToolUse"][0]["matcher"] == "Bash"
 
     after_first = _tree(repo)
@@ -151,7 +152,7 @@ def test_init_opencode_layout(repo):
     bash = analyst["permission"]["bash"]
     assert list(bash)[0] == "*" and bash["opforge op resume*"] == "deny"
     plugin = (repo / ".opencode" / "plugins" / "opforge-gate.js").read_text()
-    assert "tool.execute.before" in plugin and "opforge hooks gate" in plugin
+    assert "tool.execute.before" in plugin and "opforge-hook gate" in plugin
     if os.path.exists("/usr/bin/node"):  # the plugin must at least be valid JavaScript
         check = subprocess.run(["node", "--check", "--input-type=module"], input=plugin, text=True,
                                capture_output=True)
@@ -267,3 +268,7 @@ def test_gate_hook_blocks_state_commands_when_a_gate_fails(ws_copy):
     assert _hook(other, root).exit_code == 0
     assert _hook({"hook_event_name": "Stop", "stop_hook_active": False}, root).exit_code == 2
     assert _hook({"hook_event_name": "Stop", "stop_hook_active": True}, root).exit_code == 0
+    # the light entry point the installed hooks call gives the same answer without loading the CLI
+    light = subprocess.run([sys.executable, "-m", "opforge.hosts.gate_hook", "gate", "--root", str(root)],
+                           input=json.dumps(state), capture_output=True, text=True)
+    assert light.returncode == 2 and "G5-IMPL-TRITON-ONLY" in light.stderr

@@ -75,3 +75,27 @@ def run_hook(stdin_text: str, root: Path | None) -> tuple[int, list[str]]:
     base = Path(root or event.get("cwd") or ".")
     failures = [line for ws in find_workspaces(base) for line in workspace_failures(ws)]
     return (2 if failures else 0), failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`opforge-hook gate`: the same check as `opforge hooks gate`, without loading the whole CLI, because a
+    host runs it before every shell command (torch is imported only when a workspace is really checked)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="opforge-hook")
+    ap.add_argument("action", choices=["gate"])
+    ap.add_argument("--host", default="claude")
+    ap.add_argument("--root", type=Path, default=None)
+    args = ap.parse_args(argv)
+    stdin = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    code, lines = run_hook(stdin, args.root)
+    for line in lines:
+        print(line, file=sys.stderr)
+    if code:
+        print(f"opforge ({args.host}): fix the failing gates above before moving the workflow on.", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

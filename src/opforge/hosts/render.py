@@ -11,7 +11,7 @@ from opforge.agents.roles import ROLES, STATE_COMMANDS, Role, role_body, role_sk
 # one block per host: Codex, OpenCode and Cursor all read AGENTS.md
 BEGIN = "<!-- opforge:begin {host} (written by `opforge init`; `opforge init --uninstall` removes it) -->"
 END = "<!-- opforge:end {host} -->"
-HOOK_COMMAND = "opforge hooks gate --host {host}"
+HOOK_COMMAND = "opforge-hook gate --host {host}"  # a light entry point: hosts run it before every shell command
 # Claude Code subagents get only the tools their role needs: the orchestrator has no Write or Edit
 _CLAUDE_TOOLS = {True: "Read, Grep, Glob, Bash", False: "Read, Grep, Glob, Bash, Write, Edit"}
 
@@ -133,7 +133,7 @@ export const OpforgeGate = async ({ $, directory }) => {
       if (input.tool !== "bash") return;
       const command = String((output.args && output.args.command) || "");
       if (!STATE_COMMAND.test(command)) return;
-      const result = await $`opforge hooks gate --host opencode --root ${directory}`.nothrow().quiet();
+      const result = await $`opforge-hook gate --host opencode --root ${directory}`.nothrow().quiet();
       if (result.exitCode !== 0) {
         throw new Error(result.stderr.toString() || result.stdout.toString());
       }
