@@ -193,6 +193,12 @@ def cases(tmp_path_factory) -> Path:
         def test_gelu_tanh(device, dtype):
             x = (torch.linspace(-4, 4, 257) ** 3).to(device=device, dtype=dtype)
             return torch.nn.functional.gelu(x, approximate="tanh")
+
+        class TestRmsNorm:
+            def test_rows_keep_unit_scale(self, device, dtype):
+                x = (torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 300).to(device, dtype)
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+                assert (y.abs().amax(-1) > 0.5).all(), "a row collapsed to zero"
         """)
     return d
 
@@ -314,6 +320,15 @@ def test_pytest_style_case_runs_with_device_and_dtype(cases, tmp_path):
     row, res, _ = run_json(f"{cases / 'test_like.py'}::test_gelu_tanh", "half", tmp_path)
     assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]
     assert res["checks"]["precision"]["outputs"][0]["dtype"] == "float16"
+
+
+def test_failing_assertion_of_a_test_class_is_localised(cases, tmp_path):
+    row, res, _ = run_json(f"{cases / 'test_like.py'}::TestRmsNorm::test_rows_keep_unit_scale", "half", tmp_path)
+    assert (res["exit"], res["rule"]) == (3, "R3"), res["conclusion"]
+    assert res["operator"]["name"] == "aten.pow.Tensor_Scalar"
+    assert "a row collapsed to zero" in res["conclusion"]
+    row, res, _ = run_json(f"{cases / 'test_like.py'}::TestRmsNorm::test_rows_keep_unit_scale", "bf16", tmp_path)
+    assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]  # bfloat16 has float32's range
 
 
 def test_batch_writes_one_row_per_case_and_the_fp16_rope_example_overflows(tmp_path):

@@ -75,9 +75,26 @@ def _import(path: Path, name: str):
     return mod
 
 
+def _resolve(mod, parts: list[str], path: Path):
+    """module::function, or module::TestClass::test_method (the class instantiated, as pytest does)."""
+    obj = mod
+    for k, part in enumerate(parts):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise InputError(f"{path}::{'::'.join(parts[:k + 1])}", "no such function in the case")
+        if inspect.isclass(obj) and k < len(parts) - 1:
+            try:
+                obj = obj(methodName=parts[k + 1]) if hasattr(obj, "run") and hasattr(obj, "setUp") else obj()
+            except Exception as exc:
+                raise InputError(f"{path}::{part}", f"the test class does not instantiate: {exc}") from None
+    if not callable(obj) or inspect.isclass(obj):
+        raise InputError(f"{path}::{'::'.join(parts)}", "not a function")
+    return obj
+
+
 def load_case(spec: str, fn: str | None = None) -> Case:
     file_part, _, entry = str(spec).partition("::")
-    entry = entry.split("::")[-1] if entry else fn
+    parts = entry.split("::") if entry else ([fn] if fn else [])
     path = Path(file_part)
     if not path.is_file():
         raise InputError(str(spec), "no such file")
@@ -85,13 +102,14 @@ def load_case(spec: str, fn: str | None = None) -> Case:
         raise InputError(str(spec), "a CASE is a .py file or a pytest node id (file.py::test_name)")
     mod_name = f"opforge_case_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
     mod = _import(path, mod_name)
-    entry = entry or getattr(mod, "ENTRY", None) or ("forward" if hasattr(mod, "forward") else None)
-    if not entry:
+    if not parts:
+        default = getattr(mod, "ENTRY", None) or ("forward" if hasattr(mod, "forward") else None)
+        parts = [default] if default else []
+    if not parts:
         raise InputError(str(path), "no entry function: name one with file.py::name, --fn, ENTRY = '...', "
                                     "or define forward()")
-    func = getattr(mod, entry, None)
-    if not callable(func):
-        raise InputError(f"{path}::{entry}", "no such function in the case")
+    entry = parts[-1]
+    func = _resolve(mod, parts, path)
     documented = getattr(mod, "DOCUMENTED", {}) or {}
     if not isinstance(documented, dict) or any(k not in CHECKS for k in documented):
         raise InputError(f"{path}:DOCUMENTED", f"must be a dict whose keys are among {', '.join(CHECKS)}")

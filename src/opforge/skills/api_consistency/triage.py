@@ -211,11 +211,16 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
         dg.traceback = dut.tb
         dg.checks["functional"] = {"passed": False, "error": dut.error}
         rec = dut.trace.failed_op
+        if rec is None and isinstance(dut.trace.error, AssertionError) and progs["dut"].traceable:
+            # a test's own check failed: if an operator is wrong on its inputs, that is the finding
+            kind, op, culprit = _localise_numeric(dg, target, progs, seed, 0, clock)
+            if kind == "op":
+                return _done(dg, t_start, "R3", f"the case's assertion fails on {target.label} ({dut.error}); "
+                                                f"localised to {op['name']}"
+                             + (f" at {culprit.site}" if getattr(culprit, "site", None) else ""), op, culprit)
         op = _op(rec, f"raised {dut.error}") if rec else None
         where = f" in {rec.name} at {rec.site}" if rec and rec.site else ""
-        _set(dg, "R1", f"the call fails on {target.label}{where}: {dut.error}", op, rec)
-        dg.seconds = time.perf_counter() - t_start
-        return dg
+        return _done(dg, t_start, "R1", f"the call fails on {target.label}{where}: {dut.error}", op, rec)
 
     # R2: structure, shape, dtype
     probs = ck.functional(dut, ref, lowp)
