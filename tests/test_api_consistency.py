@@ -323,10 +323,13 @@ def test_pytest_style_case_runs_with_device_and_dtype(cases, tmp_path):
 
 
 def test_failing_assertion_of_a_test_class_is_localised(cases, tmp_path):
-    row, res, _ = run_json(f"{cases / 'test_like.py'}::TestRmsNorm::test_rows_keep_unit_scale", "half", tmp_path)
+    row, res, folder = run_json(f"{cases / 'test_like.py'}::TestRmsNorm::test_rows_keep_unit_scale", "half",
+                                tmp_path)
     assert (res["exit"], res["rule"]) == (3, "R3"), res["conclusion"]
     assert res["operator"]["name"] == "aten.pow.Tensor_Scalar"
     assert "a row collapsed to zero" in res["conclusion"]
+    proc = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "raises AssertionError" in proc.stdout, proc.stdout + proc.stderr
     row, res, _ = run_json(f"{cases / 'test_like.py'}::TestRmsNorm::test_rows_keep_unit_scale", "bf16", tmp_path)
     assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]  # bfloat16 has float32's range
 

@@ -35,6 +35,7 @@ class Case:
     builder: Callable | None
     documented: dict = field(default_factory=dict)
     pytest_params: tuple = ()   # for test functions: which of device/dtype it takes
+    entry_path: tuple = ()      # ("TestClass", "test_method") for a method of a test class
 
     @property
     def is_test(self) -> bool:
@@ -120,8 +121,8 @@ def load_case(spec: str, fn: str | None = None) -> Case:
         if extra:
             raise InputError(f"{path}::{entry}", f"test parameters {extra} are not supported "
                                                  f"(only {', '.join(PYTEST_PARAMS)})")
-        return Case(name, path, func, entry, None, documented, params)
+        return Case(name, path, func, entry, None, documented, params, tuple(parts))
     builder = getattr(mod, "inputs", None) or getattr(mod, "make_inputs", None)
     if not callable(builder):
         raise InputError(str(path), "no input builder: define inputs() returning the entry's arguments")
-    return Case(name, path, func, entry, builder, documented)
+    return Case(name, path, func, entry, builder, documented, entry_path=tuple(parts))

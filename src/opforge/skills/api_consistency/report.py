@@ -98,7 +98,8 @@ def _repro_script(dg: Diagnosis, case, target, has_culprit: bool, custom_file: s
     return Template(REPRO_TEMPLATE.read_text()).substitute(
         case=dg.case, target=dg.target, conclusion_short=dg.conclusion[:100].replace('"""', "'''"), seed=dg.seed,
         target_repr=repr(dg.target), kind_repr=repr(target.kind), lowp=lowp, device_repr=repr(target.device),
-        entry_repr=repr(case.fn_name), is_test=repr(case.is_test), test_params=repr(tuple(case.pytest_params)),
+        entry_repr=repr(tuple(case.entry_path) or (case.fn_name,)),
+        is_test=repr(case.is_test), test_params=repr(tuple(case.pytest_params)),
         custom_repr=repr(custom), culprit_repr=repr(dg.operator["name"] if has_culprit else None),
         err_threshold=repr(thr) if thr != float("inf") else 'float("inf")',
         check_determinism=repr(dg.rule == "R4"), check_dtype=repr(dg.rule == "R2"))
