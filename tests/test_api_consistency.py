@@ -387,3 +387,11 @@ def test_compile_target_compiles_and_is_consistent(tmp_path):
     assert (res["exit"], res["rule"]) == (1, "R8"), res["conclusion"]
     assert counters["frames"]["ok"] > before  # Dynamo compiled it (under a dispatch mode it would not)
     assert res["checks"]["memory"]["target_peak_bytes"] is None  # compiled code allocates outside the dispatcher
+
+
+def test_registered_in_the_opforge_command(tmp_path):
+    from opforge.cli import app as opforge_app
+
+    res = CliRunner().invoke(opforge_app, ["api-consistency", str(EXAMPLES / "rope_fp32_positions.py"),
+                                           "--target", "npu", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and res.stderr.strip().startswith("error: --target: npu: no Ascend NPU")
