@@ -44,7 +44,8 @@ NO_REPLAY = {"_local_scalar_dense", "view.dtype", "set_", "resize_"}
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, ) if m.__file__) + (
     os.path.dirname(os.path.dirname(__file__)) + os.sep,  # opforge itself
-    *{sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib")},  # the stdlib, installed packages
+    # the stdlib, installed packages and console scripts
+    *{sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib", "scripts")},
 )
 try:
     import triton

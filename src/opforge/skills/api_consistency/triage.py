@@ -164,7 +164,7 @@ def _narrowing(ref_trace, dut_trace, output: int):
     return None
 
 
-def _layer_bisect(case, progs, seed: int, dg: Diagnosis, bad_output: int) -> dict | None:
+def _layer_bisect(case, progs, seed: int, dg: Diagnosis) -> dict | None:
     """torch.compile: which layer first diverges (Dynamo alone, + AOTAutograd, + Inductor)."""
     ref64 = ck.execute(progs["ref64"], seed=seed)
     ref = ck.execute(progs["ref"], seed=seed)
@@ -243,9 +243,7 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
                               f"{pair[0].name} gives {[list(o.shape) for o in pair[0].outputs]}")
         where = f" at {op['name']} ({rec.site})" if op and rec and rec.site else ""
         dg.evidence += [q["detail"] for q in probs]
-        _set(dg, "R2", f"{p['what']} differs: {p['detail']}{where}", op, rec)
-        dg.seconds = time.perf_counter() - t_start
-        return dg
+        return _done(dg, t_start, "R2", f"{p['what']} differs: {p['detail']}{where}", op, rec)
 
     # precision
     prec = ck.precision(dut, ref64, None if lowp or ref is ref64 else ref, lowp=lowp is not None)
@@ -290,7 +288,7 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
         if tail:
             dg.evidence.append(tail)
         if target.kind == "compile":
-            layer = clock.step("second pass: compile layer by layer", lambda: _layer_bisect(case, progs, seed, dg, i),
+            layer = clock.step("second pass: compile layer by layer", lambda: _layer_bisect(case, progs, seed, dg),
                                lambda r: f"first diverging layer: {r['layer']}" if r else "none")
             if layer:
                 op = {"name": f"torch.compile backend {layer['layer']}", "kind": "compiler", "index": None,
@@ -332,9 +330,11 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
                                "run the target repeats bit for bit")
             return _done(dg, t_start, "R7", "the program's own randomness, repeatable under a fixed seed")
         if hit:
-            how = ("with the same inputs" if hit.inputs == "same" else "with the same input values in another order"
-                   if hit.inputs == "permuted" else "(its inputs differ too: the first operator to change)")
-            dg.evidence.append(f"{hit.record.name} changes between runs {how}; max difference {hit.max_abs:.3g}")
+            how = ("its output changes between runs with the same inputs" if hit.inputs == "same" else
+                   "its output changes between runs with the same input values in another order: an "
+                   "order-dependent accumulation" if hit.inputs == "permuted" else
+                   "the first operator whose output changes between runs (its inputs differ too)")
+            dg.evidence.append(f"{hit.record.name}: {how}; max difference {hit.max_abs:.3g}")
             return _done(dg, t_start, "R4", f"repeated runs differ; the first operator to change is {hit.record.name}"
                          + (f" at {hit.record.site}" if hit.record.site else ""), _op(hit.record, how), hit.record)
         if target.kind == "custom":
