@@ -48,6 +48,13 @@ NUM_WARPS = {num_warps}
 _LAUNCH = {{}} if INTERPRET else {{"num_warps": NUM_WARPS, "enable_fp_fusion": False}}
 
 
+def _row_launch(tile: int) -> dict:
+    # wide tiles want more warps, so that a thread holds a few dozen elements of each live value, not hundreds
+    if INTERPRET:
+        return {{}}
+    return {{"num_warps": 4 if tile <= 2048 else (8 if tile <= 8192 else 16), "enable_fp_fusion": False}}
+
+
 @triton.jit
 def _round_half_even(x):
     # torch.round: halves go to the even neighbour. Built from floor so that it is exact everywhere.
@@ -56,6 +63,15 @@ def _round_half_even(x):
     f_odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
     r = tl.where((frac > 0.5) | ((frac == 0.5) & f_odd), f + 1.0, f)
     return tl.where(r == 0.0, x * 0.0, r)  # keep the sign of zero: round(-0.4) is -0.0
+
+
+@triton.jit
+def _to_f32(x):
+    # loads are widened on the bits for bfloat16: exact for subnormals too, which the interpreter's cast flushes
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -114,9 +130,9 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
     b("    mask = offs < n_elements  # the last block runs past the end")
     for a in plan.inputs:
         if a.full:
-            b(f"    {a.name} = tl.load({a.name}_ptr + offs, mask=mask, other=0.0).to(tl.float32)")
+            b(f"    {a.name} = _to_f32(tl.load({a.name}_ptr + offs, mask=mask, other=0.0))")
         else:
-            b(f"    {a.name} = tl.load({a.name}_ptr).to(tl.float32)  # one value for the whole tensor")
+            b(f"    {a.name} = _to_f32(tl.load({a.name}_ptr))  # one value for the whole tensor")
     for s in plan.body:
         b(f"    {s.target} = {s.expr}  # {s.comment}")
     for o in plan.outputs:

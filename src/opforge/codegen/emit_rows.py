@@ -132,17 +132,17 @@ class _Emitter:
         m = self.inputs[node]
         i = self.p.info[node]
         if m.layout == "scalar":
-            self.head.add(f"{m.name} = tl.load({m.name}_ptr).to(tl.float32)  # one value for the whole tensor")
+            self.head.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr))  # one value for the whole tensor")
             return m.name
         if not i.dc:
-            self.pre.add(f"{m.name} = tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0).to(tl.float32)")
+            self.pre.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0))")
             return m.name
         col = "cols" if shift == "0" else f"(cols + {shift})"
         mask = [] if not i.dr else ["rmask"]
         mask += [f"({col} < {self.ext(i.ext)})"] if shift == "0" else [f"({col} >= 0)", f"({col} < {self.ext(i.ext)})"]
         off = f"{m.row_off} + {col}" if i.dr else col
         target = m.name if shift == "0" else self._target(node, shift).replace(node.name, m.name)
-        blk.add(f"{target} = tl.load({m.name}_ptr + {off}, mask={' & '.join(mask)}, other=0.0).to(tl.float32)")
+        blk.add(f"{target} = _to_f32(tl.load({m.name}_ptr + {off}, mask={' & '.join(mask)}, other=0.0))")
         return target
 
     def _shift(self, node, key, shift, blk) -> str:
@@ -477,7 +477,7 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
         extra = ", RBLOCK=RBLOCK, DETERMINISTIC=deterministic"
     args += atoms(names) + plan.attrs
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
-      "**_LAUNCH)")
+      "**_row_launch(BLOCK_R * BLOCK_C))")
     b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")
     del env
     return "\n".join(out) + "\n"
