@@ -115,6 +115,9 @@ def cases(tmp_path_factory) -> Path:
         def axpy_crash(x, y, a=0.5):
             return a * x + y[:-1]
 
+        def bucket_via_float(ids):
+            return (ids.float() * 0.5).floor().long() % 1000    # planted: int64 ids above 2**24 round in float32
+
         def row_sum_in_half(x):
             return x.half().sum(-1).float()                # planted: accumulates below the reference's float32
         """)
@@ -126,6 +129,15 @@ def cases(tmp_path_factory) -> Path:
 
         def inputs():
             return (torch.randn(16, 4096) * 100,)
+        """)
+    write(d, "bucket.py", """
+        import torch
+
+        def forward(ids):
+            return (ids // 2) % 1000
+
+        def inputs():
+            return (torch.randint(2**30, 2**31, (512,)),)
         """)
     write(d, "dropout.py", """
         import torch
@@ -252,6 +264,13 @@ def test_computing_below_the_reference_dtype_is_exit_2_at_the_narrowing_cast(cas
     assert (res["exit"], res["rule"]) == (2, "R2")
     assert res["operator"]["name"] == "aten._to_copy.default" and "x.half()" in res["operator"]["site"]["code"]
     assert "computes in float16 where the reference never goes below float32" in res["conclusion"]
+
+
+def test_integer_math_done_in_float_is_exit_2_at_the_cast(cases, tmp_path):
+    row, res, _ = run_json(cases / "bucket.py", "custom:impls:bucket_via_float", tmp_path)
+    assert (res["exit"], res["rule"]) == (2, "R2"), res["conclusion"]
+    assert res["operator"]["name"] == "aten._to_copy.default" and "ids.float()" in res["operator"]["site"]["code"]
+    assert "where the reference never goes below integer" in res["conclusion"]
 
 
 def test_random_program_is_an_expected_difference(cases, tmp_path):

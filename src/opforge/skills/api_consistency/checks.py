@@ -133,11 +133,14 @@ def precision(dut: Run, ref64: Run, ref: Run | None, *, lowp: bool) -> list[dict
             continue
         t = ref64.outputs[i]
         entry = {"output": i, "shape": list(d.shape), "dtype": str(d.dtype).replace("torch.", ""), "numel": d.numel()}
-        if not (d.is_floating_point() and t.is_floating_point()):
-            same = torch.equal(d.cpu(), t.to(d.dtype)) if not t.is_floating_point() else torch.equal(
-                d.double(), t.double())
-            out.append({**entry, "passed": bool(same), "new_nonfinite": 0, "max_abs": 0.0, "max_rel": 0.0,
-                        "mismatches": 0 if same else int((d.double() != t.double()).sum())})
+        if not (d.is_floating_point() and t.is_floating_point()):  # integers and booleans: exactly
+            bad = (d.double() != t.double()).reshape(-1) if d.dtype != torch.bool else (d != t.bool()).reshape(-1)
+            idx = bad.nonzero().reshape(-1)
+            out.append({**entry, "passed": not bool(bad.any()), "new_nonfinite": 0, "atol": 0.0, "rtol": 0.0,
+                        "max_abs": float((d.double() - t.double()).abs().max()) if d.numel() else 0.0,
+                        "max_rel": 0.0, "mismatches": int(bad.sum()), "mismatch_ratio": float(bad.float().mean())
+                        if d.numel() else 0.0, "first_bad": [int(i) for i in idx[:5]],
+                        "bad_span": [int(idx.min()), int(idx.max())] if idx.numel() else None})
             continue
         dd, tt = d.double(), t.double()
         fin_t = torch.isfinite(tt)

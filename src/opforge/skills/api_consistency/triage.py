@@ -151,10 +151,17 @@ def _localise_numeric(dg, target: Target, progs, seed: int, bad_output: int, clo
 
 def _narrowing(ref_trace, dut_trace, output: int):
     """The first operator on the output's path that produces a floating dtype less precise than any the
-    reference computes in: a cast down, or a promotion the target skipped."""
+    reference computes in (a cast down, or a promotion the target skipped), or any float at all where the
+    reference computes in integers."""
     ref_floats = {o.dtype for r in ref_trace.records for o in r.outputs if o.is_floating_point()}
     ref_floats |= {o.dtype for o in ref_trace.outputs if o.is_floating_point()}
-    if not ref_floats or output >= len(dut_trace.output_deps):
+    if output >= len(dut_trace.output_deps):
+        return None
+    if not ref_floats:  # the reference is exact integer arithmetic: any float on the path is the departure
+        for r in dv.backward_slice(dut_trace, output):
+            f = next((o for o in r.outputs if o.is_floating_point()), None)
+            if f is not None:
+                return r, dtype_name(f.dtype), "integer"
         return None
     floor = max(ref_floats, key=lambda d: torch.finfo(d).eps)  # the least precise dtype the reference uses
     for r in dv.backward_slice(dut_trace, output):
@@ -305,7 +312,8 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
             r, dt, floor = narrow
             return _done(dg, t_start, "R2", f"{desc}; every operator is right on its inputs, but {r.name} at "
                          f"{r.site} computes in {dt} where the reference never goes below {floor}",
-                         _op(r, f"narrows to {dt} (the reference computes in {floor} or wider)"), r)
+                         _op(r, f"computes in {dt} (the reference computes in {floor}"
+                                + (")" if floor == "integer" else " or wider)")), r)
         if target.kind == "custom":
             op = _function_op(target.impl, target.impl_name, "every ATen operator inside is right on its inputs: "
                                                              "the defect is in how the function composes them")
