@@ -163,7 +163,8 @@ def programs(case, target: Target, args: tuple, kwargs: dict) -> dict[str, Progr
         base = torch.float32
         dut_dtype = target.dtype or base
         dut_device = target.device
-        dut_fn = {"compile": torch.compile(case.fn), "custom": target.impl}.get(target.kind, case.fn)
+        dut_fn = torch.compile(case.fn) if target.kind == "compile" else (
+            target.impl if target.kind == "custom" else case.fn)
         return {"dut": Program("dut", dut_fn, (), with_params(dut_device, dut_dtype), dut_device,
                                traceable=target.kind != "compile"),
                 "ref": Program("ref", case.fn, (), with_params("cpu", base), "cpu"),
