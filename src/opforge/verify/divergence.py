@@ -42,7 +42,9 @@ CANCELLING = {"add", "sub", "rsub", "_log_softmax", "log_softmax", "addcmul", "a
               "add_", "sub_", "_log_softmax_backward_data", "_softmax_backward_data", "nll_loss_forward"}
 NO_REPLAY = {"_local_scalar_dense", "view.dtype", "set_", "resize_"}
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, ) if m.__file__) + (
+# Frames in these folders are never a call site: the user's code is what is left.
+_SKIP_DIRS = (
+    os.path.dirname(torch.__file__) + os.sep,
     os.path.dirname(os.path.dirname(__file__)) + os.sep,  # opforge itself
     # the stdlib, installed packages and console scripts
     *{sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib", "scripts")},
@@ -451,7 +453,7 @@ def check_op(rec: OpRecord, *, baseline: bool = False) -> OpCheck:
     cpu = None
     if baseline:
         try:
-            cpu = _replay(rec, lambda x: x.to("cpu", copy=True) if isinstance(x, torch.Tensor) else _to_dev(x))
+            cpu = _replay(rec, lambda x: x.to("cpu", copy=True) if isinstance(x, torch.Tensor) else _cpu_device(x))
         except Exception:
             cpu = None
     scale = None
@@ -525,7 +527,7 @@ def _max_abs(ts: list) -> float:
     return float(max(vals)) if vals else 0.0
 
 
-def _to_dev(x):
+def _cpu_device(x):
     if isinstance(x, torch.device):
         return torch.device("cpu")
     return x
