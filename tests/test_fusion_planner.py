@@ -34,6 +34,10 @@ UNSEEN = {
     "bias_gelu_scale": ({"x": [["B", "S", "H"], True], "bias": [["H"], True]}, {"alpha": 0.5},
                         "return torch.nn.functional.gelu(x + bias) * alpha",
                         [{"B": 2, "S": 3, "H": 5}, {"B": 1, "S": 4, "H": 33}]),
+    "activations": ({"x": [["N", "M"], True]}, {"slope": 0.1},
+                    "return (torch.nn.functional.leaky_relu(x, slope) + torch.nn.functional.hardswish(x)\n"
+                    "            + torch.nn.functional.softplus(x) + torch.relu(x) * x.std(-1, keepdim=True))",
+                    [{"N": 5, "M": 7}, {"N": 3, "M": 300}]),
     "rowmax_fake_quant": ({"x": [["N", "M"], True]}, {},
                           "s = x.abs().amax(-1, keepdim=True) / 127.0 + 1e-8\n"
                           "    q = x / s\n"

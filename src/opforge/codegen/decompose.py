@@ -20,13 +20,17 @@ DECOMPOSITIONS = get_decompositions([
     aten._softmax, aten._softmax_backward_data, aten._log_softmax, aten._log_softmax_backward_data,
     aten.logsumexp, aten.silu, aten.silu_backward, aten.gelu, aten.gelu_backward, aten.tanh_backward,
     aten.sigmoid_backward, aten.native_layer_norm, aten.native_layer_norm_backward, aten.rsub,
+    aten.threshold_backward, aten.leaky_relu, aten.leaky_relu_backward, aten.hardtanh, aten.hardtanh_backward,
+    aten.softplus, aten.softplus_backward, aten.elu, aten.elu_backward, aten.hardsigmoid,
+    aten.hardsigmoid_backward, aten.hardswish, aten.hardswish_backward, aten.mish, aten.mish_backward,
+    aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
 ])
 
-_VAR = (aten.var.correction, aten.var_mean.correction)
+_VAR = (aten.var.correction, aten.var_mean.correction, aten.std.correction)
 
 
 def rewrite_variance(gm: torch.fx.GraphModule) -> None:
-    """Replace var / var_mean nodes by means, in place."""
+    """Replace var / var_mean / std nodes by means (and a square root), in place."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _VAR:
@@ -51,12 +55,15 @@ def rewrite_variance(gm: torch.fx.GraphModule) -> None:
         diff = add(aten.sub.Tensor, (x, mean_k))
         sq = add(aten.mul.Tensor, (diff, diff))
         var = add(aten.mean.dim, (sq, dims, keepdim))
-        if correction:
-            n = 1
+        if correction:  # n / (n - correction), from size nodes so the kernel reads n at run time
+            n = None
             for d in dims:
-                n = n * xv.shape[d]
-            var = add(aten.mul.Tensor, (var, add(operator.truediv, (n, n - correction))))
-        if node.target == aten.var.correction:
+                size = add(aten.sym_size.int, (x, d))
+                n = size if n is None else add(operator.mul, (n, size))
+            var = add(aten.mul.Tensor, (var, add(operator.truediv, (n, add(operator.sub, (n, correction))))))
+        if node.target == aten.std.correction:
+            node.replace_all_uses_with(add(aten.sqrt.default, (var,)))
+        elif node.target == aten.var.correction:
             node.replace_all_uses_with(var)
         else:
             mean = mean_k if keepdim else add(aten.mean.dim, (x, dims, False))
@@ -66,4 +73,23 @@ def rewrite_variance(gm: torch.fx.GraphModule) -> None:
                     graph.erase_node(user)
         graph.erase_node(node)
     graph.lint()
+    gm.recompile()
+
+
+def rewrite_inplace(gm: torch.fx.GraphModule) -> None:
+    """In-place ops that decompositions emit on a temporary (softplus' backward fills a mask in place) become
+    their pure twin, when nothing reads the temporary after the write. Otherwise they stay, and stage 2
+    names them."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        name = getattr(node.target, "_schema", None) and node.target._schema.name
+        if node.op != "call_function" or not name or not name.endswith("_") or not node.args:
+            continue
+        pure = getattr(getattr(aten, name.split("::")[-1][:-1], None), node.target._overloadname, None)
+        target = node.args[0]
+        later = [u for u in target.users if u is not node and order[u] > order[node]]
+        if pure is None or later:
+            continue
+        node.target = pure
+    gm.graph.lint()
     gm.recompile()

@@ -102,6 +102,15 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.rsqrt.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, tl.sqrt_rn({a}))", False, "tl.sqrt_rn"),
     "aten.exp.default": OpRule(_P, lambda a, **_: f"tl.exp({a})", False, "tl.exp"),
     "aten.log.default": OpRule(_P, lambda a, **_: f"tl.log({a})", False, "tl.log"),
+    # log1p / expm1 from log and exp without losing small arguments (Goldberg's correction by u - 1)
+    "aten.log1p.default": OpRule(
+        _P, lambda a, **_: f"tl.where((1.0 + {a}) == 1.0, {a}, tl.log(1.0 + {a}) * tl.div_rn({a}, (1.0 + {a}) - 1.0))",
+        False, "tl.log, tl.where"),
+    "aten.expm1.default": OpRule(
+        _P, lambda a, **_: f"tl.where(tl.exp({a}) == 1.0, {a}, tl.where(tl.exp({a}) - 1.0 == -1.0, -1.0, "
+                           f"(tl.exp({a}) - 1.0) * tl.div_rn({a}, tl.log(tl.exp({a})))))", False, "tl.exp, tl.log"),
+    "aten.exp2.default": OpRule(_P, lambda a, **_: f"tl.exp2({a})", False, "tl.exp2"),
+    "aten.log2.default": OpRule(_P, lambda a, **_: f"tl.log2({a})", False, "tl.log2"),
     "aten.tanh.default": OpRule(
         _P, lambda a, **_: f"(1.0 - tl.div_rn(2.0, tl.exp(2.0 * {a}) + 1.0))", False, "tl.exp"),
     "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, 1.0 + tl.exp(-{a}))", False, "tl.exp"),
@@ -124,6 +133,15 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.minimum.default": OpRule(_P, _nan_min, True, "tl.minimum, tl.where"),
     "aten.where.self": OpRule(_P, lambda c, a, b, **_: f"tl.where({c}, {a}, {b})", True, "tl.where"),
     "aten.masked_fill.Scalar": OpRule(_P, lambda a, m, v, **_: f"tl.where({m}, {v}, {a})", True, "tl.where"),
+    "aten.masked_fill.Tensor": OpRule(_P, lambda a, m, v, **_: f"tl.where({m}, {v}, {a})", True, "tl.where"),
+    "aten.clamp.Tensor": OpRule(_P, _clamp, True, "tl.maximum, tl.minimum, tl.where"),
+    "aten.clamp_min.Tensor": OpRule(_P, lambda a, lo, **_: _clamp(a, lo), True, "tl.maximum, tl.where"),
+    "aten.clamp_max.Tensor": OpRule(_P, lambda a, hi, **_: _clamp(a, None, hi), True, "tl.minimum, tl.where"),
+    "aten.isnan.default": OpRule(_P, lambda a, **_: f"({a} != {a})", True, "!="),
+    "aten.isinf.default": OpRule(_P, lambda a, **_: f"(tl.abs({a}) == float('inf'))", True, "tl.abs, =="),
+    "aten.bitwise_and.Tensor": OpRule(_P, lambda a, b, **_: f"({a}) & ({b})", True, "&"),
+    "aten.bitwise_or.Tensor": OpRule(_P, lambda a, b, **_: f"({a}) | ({b})", True, "|"),
+    "aten.bitwise_not.default": OpRule(_P, lambda a, **_: f"({a}) == 0", True, "=="),
     "aten.relu.default": OpRule(_P, lambda a, **_: f"tl.where({a} > 0, {a}, {a} * 0.0)", True, "tl.where"),
     # comparisons and logic (int1 in registers)
     "aten.gt.Scalar": OpRule(_P, _cmp(">"), True, ">"),

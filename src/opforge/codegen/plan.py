@@ -92,7 +92,9 @@ def shape_exprs(val) -> list:
     return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in val.shape]
 
 
-def _literal(v) -> str:
+def _literal(v) -> str | None:
+    if v is None:  # an absent optional argument (clamp's min) stays absent
+        return None
     if isinstance(v, AttrRef):
         return v.name
     if isinstance(v, bool):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from opforge.codegen.decompose import DECOMPOSITIONS, rewrite_variance
+from opforge.codegen.decompose import DECOMPOSITIONS, rewrite_inplace, rewrite_variance
 from opforge.errors import InputError
 from opforge.request import Request
 
@@ -208,5 +208,6 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     for gm in (fwd_a, joint):
         if gm is not None:
             rewrite_variance(gm)
+            rewrite_inplace(gm)
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
                     binding)
