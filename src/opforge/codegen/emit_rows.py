@@ -220,6 +220,8 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
             if si.level != k:
                 continue
             mask, v = _mask(e, si), e.ev(r.source, "0", body)
+            if r.kind == "mean":  # sum x / n, not (sum x) / n: a row of huge values must not overflow its sum
+                v = f"tl.div_rn({v}, ({r.count}) * 1.0)"
             where = f"tl.where({mask}, {v}, {_IDENTITY[r.kind]})"
             finish = [] if persistent else after
             if r.kind in ("sum", "mean"):
@@ -245,9 +247,6 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
                         body.add(line)
                 else:
                     finish += [pad + line for line in lines]
-            if r.kind == "mean":
-                line = f"{r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)"
-                body.add(line) if persistent else after.append(pad + line)
             e.rowvals[r.node] = r.name
         if not persistent:
             walk(inits, body, after)
