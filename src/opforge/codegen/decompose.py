@@ -26,6 +26,26 @@ DECOMPOSITIONS = get_decompositions([
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
 ])
 
+
+
+def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """LayerNorm's input gradient as rstd · (g - mean(g) - x̂ · mean(g · x̂)), g = grad · weight.
+
+    PyTorch's own decomposition scales by N before subtracting sums (N·g - Σg - …), which overflows float32
+    for large g where its CPU kernel and this form do not; the math is the same."""
+    axis = input.dim() - len(normalized_shape)
+    dims, outer = list(range(axis, input.dim())), list(range(axis))
+    x_hat = (input - mean) * rstd
+    g = grad_out * weight if weight is not None else grad_out
+    d_input = rstd * (g - g.mean(dims, keepdim=True) - x_hat * (g * x_hat).mean(dims, keepdim=True)) \
+        if output_mask[0] else None
+    d_weight = (grad_out * x_hat).sum(outer) if output_mask[1] and weight is not None else None
+    d_bias = grad_out.sum(outer) if output_mask[2] and bias is not None else None
+    return d_input, d_weight, d_bias
+
+
+DECOMPOSITIONS[aten.native_layer_norm_backward.default] = _layer_norm_backward
+
 _VAR = (aten.var.correction, aten.var_mean.correction, aten.std.correction)
 
 
