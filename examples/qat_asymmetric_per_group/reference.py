@@ -11,7 +11,7 @@ import torch
 
 def forward(weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group_size: int = 32,
             eps: float = 1e-4, qmin: float = 0.0, qmax: float = 255.0) -> torch.Tensor:
-    w = weight.view(weight.shape[0], -1, group_size)
+    w = weight.view(weight.shape[0], scale.shape[1], group_size)
     s = scale.unsqueeze(-1)
     s = torch.where(s > eps, s, torch.full_like(s, eps))
     z = offset.unsqueeze(-1)

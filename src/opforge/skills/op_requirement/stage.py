@@ -22,10 +22,10 @@ SCHEMA_VERSION = 1
 def build_spec(req: Request) -> tuple[dict, object]:
     traced = trace_request(req)
     n_out = len(traced.output_names)
-    fwd_traits = output_traits(traced.forward, list(range(n_out)), symbol_map(traced.forward, req))
+    fwd_traits = output_traits(traced.forward, list(range(n_out)), symbol_map(traced.forward, req, products=True))
     grad_names = [f"grad_{g}" for g in traced.grad_inputs]
     bwd_traits = output_traits(traced.joint, list(range(n_out, n_out + len(grad_names))),
-                               symbol_map(traced.joint, req)) if traced.joint else []
+                               symbol_map(traced.joint, req, products=True)) if traced.joint else []
     traits = dict(zip(traced.output_names + grad_names, fwd_traits + bwd_traits))
     tolerance = {}
     for dt in req.dtypes:
