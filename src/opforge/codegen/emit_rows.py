@@ -20,11 +20,10 @@ _KWARGS_DROPPED = ("pin_memory", "layout", "device", "memory_format")
 
 
 class _Block:
-    def __init__(self, indent: int, cols: bool, post: bool = False):
+    def __init__(self, indent: int, cols: bool):
         self.lines: list[str] = []
         self.pad = "    " * indent
         self.cols = cols  # inside a column loop: `cols` is defined
-        self.post = post  # in the last program, after the cross-program reductions
         self.cache: dict = {}
         self.exprs: dict = {}
 
@@ -358,7 +357,7 @@ def _cross_program(plan: RowPlan) -> list[str]:
     """The last program finishes column and full reductions and computes what depends on them."""
     full, col = plan.full_reductions, plan.col_reductions
     e = _Emitter(plan)
-    epi = _Block(2, False, post=True)
+    epi = _Block(2, False)
     e.head = e.pre = epi  # scalars are recomputed here: they may not have been needed before
     n_full = max(1, len(full))
     out = ["    # Across programs: atomics, or (DETERMINISTIC) partials summed in program order by the last program."]
@@ -390,7 +389,7 @@ def _cross_program(plan: RowPlan) -> list[str]:
     out += epi.lines + stores
     col_outs = [(o, n) for o, n in zip(plan.outputs, plan.out_nodes) if o.store == "col"]
     if col_outs:
-        body = _Block(3, True, post=True)
+        body = _Block(3, True)
         for r in col:
             body.add(f"{r.name} = tl.zeros((1, BLOCK_C), tl.float32)")
             body.add("if DETERMINISTIC:")
@@ -446,7 +445,6 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     names = plan.symbols
     for name, src in _size_sources(names, dims).items():
         b(f"    {name} = {src}")
-    env = shape_env_of(plan.gm)
     for a in plan.inputs:
         b(f"    _expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
     ref = used[0]
@@ -478,5 +476,4 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
       "**_row_launch(BLOCK_R * BLOCK_C))")
     b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")
-    del env
     return "\n".join(out) + "\n"

@@ -110,6 +110,14 @@ def _literal(v) -> str | None:
     return repr(v)
 
 
+def check_output(oname: str, node) -> None:
+    """An output must be computed: a constant or an input returned as is cannot be a kernel's output."""
+    if not isinstance(node, torch.fx.Node):
+        raise Unsupported([], f"output {oname} is a constant, not computed from the inputs")
+    if node.op == "placeholder":
+        raise Unsupported([], f"output {oname} returns an input unchanged (it would alias it)")
+
+
 def unsupported_ops(graph: torch.fx.Graph) -> list[str]:
     names = []
     for n in graph.nodes:
@@ -248,10 +256,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
 
     outs: list[OutArg] = []
     for (oname, _), node in zip(outputs, wanted):
-        if not isinstance(node, torch.fx.Node):
-            raise Unsupported([], f"output {oname} is a constant, not computed from the inputs")
-        if node.op == "placeholder":
-            raise Unsupported([], f"output {oname} returns an input unchanged (it would alias it)")
+        check_output(oname, node)
         o_full = is_full(node)
         if after_reduce[node] and o_full:
             raise Unsupported([], f"output {oname} is full-size but needs a finished reduction")

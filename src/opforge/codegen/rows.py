@@ -30,8 +30,8 @@ import sympy
 import torch
 
 from opforge.codegen.ops import CONSTANT, OP_TABLE, POINTWISE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
-from opforge.codegen.plan import OutArg, Unsupported
-from opforge.codegen.symbolic import product, pysrc, same, shape_env_of, shape_of
+from opforge.codegen.plan import OutArg, Unsupported, check_output
+from opforge.codegen.symbolic import hint, product, pysrc, same, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
 
 
@@ -204,11 +204,11 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not map onto the iteration "
                               f"space {[str(d) for d in space]} (not a broadcast, nor one value per row or column)")
 
-    def combine(node, srcs, exact=True) -> Info:
+    def combine(node, srcs, exact=True, same_width=True) -> Info:
         dr = any(info[s].dr for s in srcs)
         dc = any(info[s].dc for s in srcs)
         exts = [info[s].ext for s in srcs if info[s].dc]
-        for e in exts[1:]:
+        for e in exts[1:] if same_width else []:
             if not same(e, exts[0], env):
                 raise Unsupported([where(node)], f"{node.name} combines values of {exts[0]} and {e} columns")
         posts = [info[s].post for s in srcs if info[s].post]
@@ -309,10 +309,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
 
     outs: list[OutArg] = []
     for (oname, _), node in zip(outputs, wanted):
-        if not isinstance(node, torch.fx.Node):
-            raise Unsupported([], f"output {oname} is a constant, not computed from the inputs")
-        if node.op == "placeholder":
-            raise Unsupported([], f"output {oname} returns an input unchanged (it would alias it)")
+        check_output(oname, node)
         i = info[node]
         shape = shape_of(node, env)
         numel = product(shape)
@@ -337,14 +334,12 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             for x in (a if isinstance(a, (list, tuple)) else [a]):
                 if isinstance(x, AttrRef) and x.name not in attrs:
                     attrs.append(x.name)
-    phases = max([r.node and info[r.node].level for r in reductions if r.axis == "row"] + [0])
+    phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
     return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
                    pysrc(C, sym_names), sym_names, phases, counts, eager)
 
 
 def _hint_numel(node, env) -> int:
-    from opforge.codegen.symbolic import hint
-
     return hint(product(shape_of(node, env)), env) or 0
 
 
@@ -355,7 +350,7 @@ def _shift_info(node, key, info, env, combine) -> Info:
         rank = len(node.meta["val"].shape)
         if dim % rank != rank - 1 or not all(info[p].dc for p in parts):
             raise Unsupported([key], f"{node.name} concatenates along a dimension other than the last")
-        i = combine_exts(node, parts, info, env, combine)
+        i = combine(node, parts, same_width=False)  # parts differ in width by design
         i.ext = product(shape_of(node, env)[-1:])
         return i
     src = node.args[0]
@@ -371,14 +366,3 @@ def _shift_info(node, key, info, env, combine) -> Info:
     i = combine(node, [src])
     i.ext = shape_of(node, env)[-1]
     return i
-
-
-def combine_exts(node, parts, info, env, combine) -> Info:
-    saved = {p: info[p].ext for p in parts}
-    try:
-        for p in parts:  # parts differ in width by design; only rows and depth matter here
-            info[p].ext = sympy.Integer(1)
-        return combine(node, parts)
-    finally:
-        for p, e in saved.items():
-            info[p].ext = e
