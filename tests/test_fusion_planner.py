@@ -38,6 +38,19 @@ UNSEEN = {
                     "return (torch.nn.functional.leaky_relu(x, slope) + torch.nn.functional.hardswish(x)\n"
                     "            + torch.nn.functional.softplus(x) + torch.relu(x) * x.std(-1, keepdim=True))",
                     [{"N": 5, "M": 7}, {"N": 3, "M": 300}]),
+    # values that need finished column or full reductions for every row: chains of kernels
+    "center_columns": ({"x": [["N", "M"], True]}, {}, "return x - x.mean(0, keepdim=True)",
+                       [{"N": 5, "M": 7}, {"N": 40, "M": 300}]),
+    "batch_norm": ({"x": [["N", "C"], True], "w": [["C"], True], "b": [["C"], True]}, {"eps": 1e-5},
+                   "m = x.mean(0, keepdim=True)\n"
+                   "    v = ((x - m) ** 2).mean(0, keepdim=True)\n"
+                   "    return (x - m) / torch.sqrt(v + eps) * w + b",
+                   [{"N": 6, "C": 5}, {"N": 40, "C": 300}]),
+    "absmax_fake_quant": ({"x": [["N", "M"], True]}, {},
+                          "s = x.abs().amax() / 127.0 + 1e-12\n"
+                          "    q = x / s\n"
+                          "    return (q + (torch.round(q) - q).detach()) * s",
+                          [{"N": 5, "M": 7}, {"N": 9, "M": 400}]),
     "rowmax_fake_quant": ({"x": [["N", "M"], True]}, {},
                           "s = x.abs().amax(-1, keepdim=True) / 127.0 + 1e-8\n"
                           "    q = x / s\n"
@@ -96,7 +109,6 @@ def test_unseen_composition_builds_and_matches_float64(tmp_path, name):
 REFUSED = {
     "cumsum": ("return torch.cumsum(x, dim=-1)", "aten.cumsum.default"),
     "matmul": ("return x @ x.t()", "aten."),
-    "center_columns": ("return x - x.mean(0, keepdim=True)", "second pass"),
 }
 
 
@@ -162,3 +174,14 @@ def test_row_strided_input_is_read_in_place(tmp_path):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     dense, stride = impl._rows_of(x.t())  # columns not contiguous: a dense copy
     assert dense.is_contiguous() and stride == 6
+
+
+def test_a_value_needing_finished_reductions_splits_the_pass_and_says_why(tmp_path):
+    inputs, attrs, body, bindings = UNSEEN["batch_norm"]
+    req = load_request(write_request(tmp_path, "bn", inputs, attrs, body, bindings))
+    b = plan_request(req)
+    assert len(b.forward.kernels) == 3  # column means, then column variances around them, then the output
+    assert all("needs a finished column or full reduction" in w for w in b.forward.why)
+    assert b.forward.temps and all(t.startswith("forward") for t in b.forward.temps)
+    src = generate_impl(req, b)
+    assert src.count("@triton.jit\ndef _bn_forward") == 3

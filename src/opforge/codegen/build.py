@@ -8,7 +8,7 @@ import sympy
 
 from opforge.codegen.emit import emit_module
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
-from opforge.codegen.rows import RowPlan, plan_rows
+from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
 from opforge.codegen.trace import TracedOp, trace_request
 from opforge.request import Request
 
@@ -16,8 +16,8 @@ from opforge.request import Request
 @dataclass
 class Build:
     traced: TracedOp
-    forward: KernelPlan | RowPlan
-    backward: KernelPlan | RowPlan | None
+    forward: KernelPlan | RowPlan | ChainPlan
+    backward: KernelPlan | RowPlan | ChainPlan | None
     dims: dict  # shape symbol -> Python expression reading it from an input
 
 
@@ -33,17 +33,25 @@ def graph_dims(gm, names: list[str]) -> dict:
 
 
 def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list[tuple[str, int]],
-              like: dict) -> KernelPlan | RowPlan:
-    """The flat kernel when every value is full-size or a scalar; otherwise the row kernel."""
+              like: dict) -> KernelPlan | RowPlan | ChainPlan:
+    """The flat kernel when every value is full-size or a scalar; otherwise the row kernel, or a chain of them
+    when a value needs a finished column or full reduction for every row."""
     try:
         return plan_kernel(name, gm, input_names, outputs, like)
     except Unsupported:
         dims = graph_dims(gm, input_names)
         named = symbol_map(gm, req, products=True)
         names = {s: named.get(s, str(s)) for s in dims}
-        plan = plan_rows(name, gm, input_names, outputs, like, names)
+        plan = plan_chain(name, gm, input_names, outputs, like, names)
+        for k in kernels_of(plan):
+            k.dims = graph_dims(k.gm, k.input_names)
         plan.dims = dims
         return plan
+
+
+def kernels_of(plan) -> list:
+    """The kernels of one pass, in launch order."""
+    return list(getattr(plan, "kernels", [plan]))
 
 
 def plan_request(req: Request, traced: TracedOp | None = None) -> Build:

@@ -219,15 +219,38 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
 
 
 def _kernel_source(op: str, plan) -> str:
+    if hasattr(plan, "kernels"):
+        return "\n\n".join(_kernel_source(op, k) for k in plan.kernels)
     if getattr(plan, "layout", "flat") == "rows":
         return emit_row_kernel(op, plan, kernel_name(op, plan))
     return emit_kernel(op, plan)
 
 
 def _launcher_source(op: str, plan, dims: dict, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    if hasattr(plan, "kernels"):
+        return _chain_launcher(op, plan, fn_name, tensor_args, attrs)
     if getattr(plan, "layout", "flat") == "rows":
         return emit_row_launcher(op, plan, kernel_name(op, plan), plan.dims, fn_name, tensor_args, attrs)
     return emit_launcher(op, plan, dims, fn_name, tensor_args, attrs)
+
+
+def _chain_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    """One launcher per kernel, then the pass: each kernel's float32 results feed the kernels after it."""
+    parts, calls, have = [], [], list(tensor_args)
+    for i, k in enumerate(plan.kernels):
+        sub = f"_{fn_name}_{i}"
+        parts.append(emit_row_launcher(op, k, kernel_name(op, k), k.dims, sub, have, attrs))
+        outs = [o.name for o in k.outputs]
+        call_args = ", ".join(have + attrs + ["deterministic=deterministic"])
+        calls.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {sub}({call_args})")
+        have = have + [o for o in outs if o in plan.temps]
+    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
+                    ["deterministic: bool = False"])
+    final = [o.name for o in plan.kernels[-1].outputs]
+    why = "".join(f"    # {w}\n" for w in plan.why)
+    parts.append(f"def {fn_name}({sig}):\n{why}" + "\n".join(calls) +
+                 f"\n    return ({''.join(n + ', ' for n in final).rstrip()})\n")
+    return "\n\n".join(parts)
 
 
 def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | None, *, inputs: list[str],

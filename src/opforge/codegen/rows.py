@@ -35,6 +35,16 @@ from opforge.codegen.symbolic import hint, product, pysrc, same, shape_env_of, s
 from opforge.codegen.trace import AttrRef
 
 
+class NeedsSecondPass(Unsupported):
+    """A value needs finished column or full reductions (`cut`) for every row: one more kernel."""
+
+    def __init__(self, ops: list[str], whys: list[str], cut: list, kinds: list[str]):
+        super().__init__(ops, "; ".join(whys))
+        self.cut = cut
+        self.kinds = kinds  # "col" or "scalar": what each finished value depends on
+        self.whys = whys
+
+
 @dataclass
 class Info:
     """What the kernel knows about one graph value."""
@@ -90,6 +100,7 @@ class RowPlan:
     op_counts: dict = field(default_factory=dict)
     eager_kernels: int = 0
     dims: dict = field(default_factory=dict)  # graph symbol -> source reading it off an input
+    input_names: list = field(default_factory=list)
 
     layout = "rows"
 
@@ -204,6 +215,26 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not map onto the iteration "
                               f"space {[str(d) for d in space]} (not a broadcast, nor one value per row or column)")
 
+    cuts: list = []  # finished values a later kernel must be handed, with what they depend on
+    cut_kinds: list[str] = []
+    cut_why: list[str] = []
+
+    def hand_over(src, user, why: str) -> None:
+        root = unviewed(src)
+        if root not in cuts:
+            cuts.append(root)
+            cut_kinds.append(info[root].post)
+            cut_why.append(f"{why} ({root.name})")
+        info[src].post = None  # shared by the views of root: from here on it reads like an input
+        info[root].post = None
+        info[src].level = info[root].level = 0
+
+    def unviewed(n):
+        """A finished value before the views that broadcast it: what a later kernel should be handed."""
+        while n.op == "call_function" and OP_TABLE[op_name(n.target)].kind == VIEW and info[n.args[0]].post:
+            n = n.args[0]
+        return n
+
     def combine(node, srcs, exact=True, same_width=True) -> Info:
         dr = any(info[s].dr for s in srcs)
         dc = any(info[s].dc for s in srcs)
@@ -211,12 +242,13 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         for e in exts[1:] if same_width else []:
             if not same(e, exts[0], env):
                 raise Unsupported([where(node)], f"{node.name} combines values of {exts[0]} and {e} columns")
+        if dr:  # finished values needed for every row: hand them to a later kernel, as if inputs of it
+            for s in srcs:
+                if info[s].post:
+                    hand_over(s, node, f"{node.name} needs a finished column or full reduction for every row")
         posts = [info[s].post for s in srcs if info[s].post]
         post = None
         if posts:
-            if dr:
-                raise Unsupported([where(node)], f"{node.name} needs a finished column or full reduction for every "
-                                                 "row: that is a second pass over the data")
             post = "col" if dc else "scalar"
         return Info(dr, dc, exts[0] if exts else None, max((info[s].level for s in srcs), default=0), post,
                     exact and all(info[s].exact for s in srcs))
@@ -284,7 +316,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
                 raise Unsupported([key], f"{node.name} reduces only some of the dimensions of its rows or columns "
                                          "(whole rows, whole columns or everything fuse)")
             if si.post:
-                raise Unsupported([key], f"{node.name} reduces a value that needs a finished reduction")
+                hand_over(src, node, f"{node.name} reduces a value that needs a finished reduction")
             kind = REDUCE_KIND[key]
             count = pysrc(product([shape[d] for d in dims]), sym_names)
             if not dims:  # nothing non-trivial reduced: a view
@@ -303,6 +335,8 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             continue
         info[node] = combine(node, srcs, rule.exact)
 
+    if cuts:
+        raise NeedsSecondPass(sorted({where(n) for n in cuts}), cut_why, cuts, cut_kinds)
     for kind_ in ("col", "full"):
         for k, r in enumerate(r for r in reductions if r.axis == kind_):
             r.slot = k
@@ -336,7 +370,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
                     attrs.append(x.name)
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
     return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
-                   pysrc(C, sym_names), sym_names, phases, counts, eager)
+                   pysrc(C, sym_names), sym_names, phases, counts, eager, input_names=list(input_names))
 
 
 def _hint_numel(node, env) -> int:
@@ -366,3 +400,135 @@ def _shift_info(node, key, info, env, combine) -> Info:
     i = combine(node, [src])
     i.ext = shape_of(node, env)[-1]
     return i
+
+
+@dataclass
+class ChainPlan:
+    """Several row kernels for one pass: each earlier kernel finishes reductions a later one needs for every
+    row, and hands them over in float32 buffers (`temps`)."""
+
+    name: str
+    kernels: list[RowPlan]
+    why: list[str]
+    temps: list[str]
+    dims: dict = field(default_factory=dict)
+
+    layout = "rows"
+
+    @property
+    def inputs(self):
+        seen, out = set(), []
+        for k in self.kernels:
+            for a in k.inputs:
+                if a.name not in seen and a.name not in self.temps:
+                    seen.add(a.name)
+                    out.append(a)
+        return out
+
+    @property
+    def outputs(self):
+        return self.kernels[-1].outputs
+
+    @property
+    def attrs(self):
+        return list(dict.fromkeys(a for k in self.kernels for a in k.attrs))
+
+    @property
+    def reductions(self):
+        return [r for k in self.kernels for r in k.reductions]
+
+    @property
+    def body(self):
+        return [n for k in self.kernels for n in k.body]
+
+    @property
+    def epilogue(self):
+        return [n for k in self.kernels for n in k.epilogue]
+
+    @property
+    def eager_kernels(self):
+        return self.kernels[-1].eager_kernels
+
+    @property
+    def reduce_kinds(self):
+        return sorted({x for k in self.kernels for x in k.reduce_kinds})
+
+
+def _copy_graph(gm: torch.fx.GraphModule):
+    g = torch.fx.Graph()
+    env: dict = {}
+    out = g.graph_copy(gm.graph, env)
+    return g, env, out
+
+
+def with_outputs(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
+    """The same graph computing only `nodes`."""
+    g, env, _ = _copy_graph(gm)  # graph_copy leaves the output node out
+    g.output(tuple(env[n] for n in nodes))
+    g.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, g)
+
+
+def _ancestors(node) -> set:
+    seen, stack = set(), list(node.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _handed_shape(shape, kind: str) -> list:
+    """The shape a finished value is handed over in: one row of columns, or one value (broadcast later)."""
+    shape = list(shape)
+    return [1] * (len(shape) - 1) + shape[-1:] if kind == "col" and shape else [1] * len(shape)
+
+
+def cut_at(gm: torch.fx.GraphModule, nodes: list, names: list[str], kinds: list[str]) -> torch.fx.GraphModule:
+    """The same graph with `nodes` read from new inputs (after the existing ones) instead of computed."""
+    g, env, out = _copy_graph(gm)
+    g.output(out)
+    last = [n for n in g.nodes if n.op == "placeholder"][-1]
+    for node, name, kind in zip(nodes, names, kinds):
+        with g.inserting_after(last):
+            p = g.placeholder(name)
+        val = node.meta["val"]
+        p.meta = {"val": val.new_empty(_handed_shape(val.shape, kind))}
+        env[node].replace_all_uses_with(p)
+        last = p
+    g.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, g)
+
+
+MAX_CHAIN_DEPTH = 8  # each split hands over at least one finished value, so chains are short; this bounds a bug
+
+
+def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, int]], output_like: dict,
+               sym_names: dict, depth: int = 0) -> RowPlan | ChainPlan:
+    """One row kernel when it can be; otherwise the fewest kernels that respect the reductions: the values a
+    later kernel needs finished are computed first, to float32 buffers."""
+    try:
+        return plan_rows(name, gm, input_names, outputs, output_like, sym_names)
+    except NeedsSecondPass as exc:
+        if depth >= MAX_CHAIN_DEPTH:
+            raise Unsupported(exc.ops, f"{exc.why}, {MAX_CHAIN_DEPTH} splits deep") from None
+        # hand over first what needs no other handed-over value; the rest follows in a later split
+        ready = [i for i, c in enumerate(exc.cut) if not (_ancestors(c) & (set(exc.cut) - {c}))]
+        exc.cut, exc.kinds = [exc.cut[i] for i in ready], [exc.kinds[i] for i in ready]
+        reason = "; ".join(exc.whys[i] for i in ready)
+        temps = [f"{name}_r{i}" for i in range(len(exc.cut))]
+        first = plan_chain(f"{name}_a", with_outputs(gm, exc.cut), input_names, list(zip(temps, range(len(temps)))),
+                           {}, sym_names, depth + 1)
+        last_k = first.kernels[-1] if isinstance(first, ChainPlan) else first
+        for o, kind in zip(last_k.outputs, exc.kinds):  # allocated as handed over, not at the broadcast shape
+            o.shape = _handed_shape(o.shape, kind)
+        rest = plan_chain(f"{name}_b", cut_at(gm, exc.cut, temps, exc.kinds), input_names + temps, outputs,
+                          output_like, sym_names, depth + 1)
+        parts = [first, rest]
+        kernels = [k for p in parts for k in (p.kernels if isinstance(p, ChainPlan) else [p])]
+        why = [w for p in parts for w in (p.why if isinstance(p, ChainPlan) else [])]
+        why.insert(0, f"{reason}: kernel {first.name} finishes {'it' if len(exc.cut) == 1 else 'them'}, "
+                      f"then {rest.name} reads {', '.join(temps)}")
+        subtemps = [t for p in parts if isinstance(p, ChainPlan) for t in p.temps]
+        return ChainPlan(name, kernels, why, temps + subtemps)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from opforge.codegen.build import numel_of, plan_request
+import sympy
+
+from opforge.codegen.build import graph_binding, kernels_of, numel_of, plan_request
 from opforge.codegen.graph_text import eager_cost
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
@@ -43,7 +45,30 @@ def _pass_bytes(gm, req, binding, wanted: list[int], n_inputs: int, eb: int) -> 
 
 
 def _kernels(plan) -> int:
-    return getattr(plan, "kernels", 1)
+    return len(kernels_of(plan))
+
+
+def _chain_bytes(plan, gm, req, binding, eb: int) -> int:
+    """What a chain of kernels moves: each kernel reads its inputs and writes its outputs (the handed-over
+    float32 values included), so inputs read by several kernels count each time."""
+    subs = graph_binding(gm, req, binding)
+
+    def numel(shape) -> int:
+        n = 1
+        for d in shape:
+            n *= int(sympy.sympify(d).xreplace(subs))
+        return n
+    total = 0
+    for k in plan.kernels:
+        total += sum(numel(a.shape) * (4 if a.name in plan.temps else eb) for a in k.inputs)
+        total += sum(numel(o.shape) * (4 if o.name in plan.temps else eb) for o in k.outputs)
+    return total
+
+
+def _bytes(plan, gm, req, binding, wanted, n_inputs, eb) -> int:
+    if hasattr(plan, "kernels"):
+        return _chain_bytes(plan, gm, req, binding, eb)
+    return _pass_bytes(gm, req, binding, wanted, n_inputs, eb)
 
 
 def cost_model(req: Request, traced, build) -> list[dict]:
@@ -57,7 +82,8 @@ def cost_model(req: Request, traced, build) -> list[dict]:
             f_eager = eager_cost(traced.forward, numel_of(traced.forward, req, binding), eb)
             row = {"binding": binding, "dtype": dt, "elements": n_elem,
                    "forward": {"fused_kernels": _kernels(build.forward),
-                               "fused_bytes": _pass_bytes(traced.forward, req, binding, list(range(n_out)), n_in, eb),
+                               "fused_bytes": _bytes(build.forward, traced.forward, req, binding, list(range(n_out)),
+                                                     n_in, eb),
                                "eager_kernels": f_eager["kernels"], "eager_bytes": f_eager["bytes"],
                                "flops": len(build.forward.body + build.forward.epilogue) * n_elem}}
             if build.backward:
@@ -65,7 +91,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                 grads = list(range(n_out, n_out + len(traced.grad_inputs)))
                 row["backward"] = {
                     "fused_kernels": _kernels(build.backward),
-                    "fused_bytes": _pass_bytes(traced.joint, req, binding, grads, n_in + n_out, eb),
+                    "fused_bytes": _bytes(build.backward, traced.joint, req, binding, grads, n_in + n_out, eb),
                     "eager_kernels": j["kernels"] - f_eager["kernels"], "eager_bytes": j["bytes"] - f_eager["bytes"],
                     "flops": len(build.backward.body + build.backward.epilogue) * n_elem}
             for p in ("forward", "backward"):
@@ -86,7 +112,9 @@ def _numel(shape) -> int:
 
 def _layout_notes(build) -> list[str]:
     """Constraints and tiling, as the planner chose them for this request."""
-    rows = [p for p in (build.forward, build.backward) if p is not None and getattr(p, "layout", "") == "rows"]
+    rows = [k for p in (build.forward, build.backward) if p is not None and getattr(p, "layout", "") == "rows"
+            for k in kernels_of(p)]
+    why = [w for p in (build.forward, build.backward) if p is not None for w in getattr(p, "why", [])]
     out = ["## Constraints", "",
            "- Shapes are run-time arguments; offsets are int64, so tensors past 2³¹ elements index correctly.",
            "- Loads are upcast to float32, stores round to the output dtype (round-to-nearest-even).",
@@ -113,8 +141,13 @@ def _layout_notes(build) -> list[str]:
             "api_report.json says how many walks there are.",
             "- Column reductions (a norm's weight gradient) and full reductions (a loss) are summed per program, "
             "then across programs by atomics, or, with `deterministic=True`, by the last program in program "
-            "order. One kernel per pass: no reduction result is needed by a full-size value, so no second pass.",
-            ""]
+            "order."]
+    if why:
+        out += ["- More than one kernel in a pass, because a value needs finished reductions for every row "
+                "(they are handed over in float32 buffers):", *[f"  - {w}" for w in why]]
+    else:
+        out.append("- One kernel per pass: no value needs a finished column or full reduction for every row.")
+    out.append("")
     return out
 
 

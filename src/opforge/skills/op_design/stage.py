@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from opforge.codegen.build import plan_request
+from opforge.codegen.build import kernels_of, plan_request
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.rows import RowPlan
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
@@ -111,20 +111,26 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     l0 = level0_cases(spec["supported_dtypes"], spec["p0_shapes"])
     l1 = level1_cases(spec["supported_dtypes"], spec["dynamic_axes"],
                       {k: spec["default_params"][k] for k in spec["runtime_params"]})
-    design = {"op_name": req.name, "kernels": [plan_summary(build.forward)] +
-              ([plan_summary(build.backward)] if build.backward else []),
+    passes = [build.forward] + ([build.backward] if build.backward else [])
+    design = {"op_name": req.name, "kernels": [plan_summary(k) for p in passes for k in kernels_of(p)],
+              "why_more_kernels": [w for p in passes for w in getattr(p, "why", [])],
               "tiling": _tiling(build.forward),
               "verification": {"level0": l0, "level1": l1}}
     lines = [f"# Design: {req.name}", "", "## Compute graph", "",
              "The forward graph and the joint forward+backward graph traced from the reference "
              "(SPEC.md shows both). Views and detaches are free; every other node is one eager kernel.", "",
              "## Fusion plan", "",
-             f"{len(design['kernels'])} kernel(s): one per pass, the fewest that respect the reductions — a full "
-             "reduction does not block fusion because its result is only used by scalar work, which runs once "
-             "in the last program.", ""]
-    lines += _kernel_md(build.forward)
+             f"{len(design['kernels'])} kernel(s) for {len(passes)} pass(es). A pass is one kernel unless a value "
+             "needs a finished column or full reduction for every row; a reduction whose result only feeds scalar "
+             "or per-column work does not split the pass, because that work runs once in the last program.", ""]
+    for p in passes:
+        for k in kernels_of(p):
+            lines += _kernel_md(k)
+        if getattr(p, "why", None):
+            lines += [f"The {p.name} pass takes {len(p.kernels)} kernels: a value needs finished reductions for "
+                      "every row, so they are finished first and handed over in float32 buffers.", "",
+                      *[f"- {w}" for w in p.why], ""]
     if build.backward:
-        lines += _kernel_md(build.backward)
         lines += ["The backward kernel recomputes the forward values it needs from the inputs instead of "
                   "loading saved intermediates: recomputing costs a few flops per element, saving would cost a "
                   "full-size write in the forward and a read in the backward.", ""]
