@@ -95,6 +95,17 @@ def build_inputs(golden, case: dict, seed: int) -> list[torch.Tensor]:
     return tensors
 
 
+def grad_outputs(shapes, dtype, seed: int) -> list[torch.Tensor]:
+    """The upstream gradients a case feeds the backward, drawn from the case's seed."""
+    return [make_tensor(tuple(s), dtype, seed=seed + 104729 + i, distribution="normal") for i, s in enumerate(shapes)]
+
+
+def find_case(design: dict, case_id: str) -> dict:
+    """A case of the verification matrix (design.json) by its id."""
+    v = design["verification"]
+    return next(c for c in v["level0"] + v["level1"] if c["id"] == case_id)
+
+
 def _call_impl(impl, op: str, tensors, attrs, grad_outputs, grad_inputs, names):
     ins = [t.clone().requires_grad_(n in grad_inputs) for t, n in zip(tensors, names)]
     outs = getattr(impl, op)(*ins, **attrs)
@@ -122,11 +133,7 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) ->
 
     truth = golden.forward(*tensors, compute_dtype=torch.float64, **attrs)
     path32 = golden.forward(*tensors, compute_dtype=torch.float32, **attrs)
-    g_outs = None
-    if backward:
-        gen_seed = seed + 104729
-        g_outs = [make_tensor(tuple(o.shape), dtype, seed=gen_seed + i, distribution="normal")
-                  for i, o in enumerate(truth)]
+    g_outs = grad_outputs([o.shape for o in truth], dtype, seed) if backward else None
     ins, outs, grads = _call_impl(impl, spec["op_name"], tensors, attrs, g_outs, grad_inputs, names)
 
     produced = dict(zip(golden.OUTPUT_NAMES, outs))

@@ -1,7 +1,9 @@
 """Stage 6, precision debug: runs only when stage 5's precision failed.
 
-It localises each failing output: the worst elements with their inputs (from the case records) and the
-ops on that output's path in the traced graph, inexact ones first — where a kernel engineer looks. The
+It localises each failing output: the worst elements with their inputs (from the case records), the ops
+on that output's path in the traced graph, inexact ones first, and the fused step of the kernel that
+diverges: the first failing case is replayed with the kernel's intermediates read in the interpreter and
+compared, node by node, with the golden graph in float64 (verify/kernel_steps.py). The
 deterministic engine has no second lowering to try, so a failure here ends the run as BLOCKED_ACCURACY;
 an LLM engine would take the localisation as the summary of its next attempt.
 """
@@ -15,6 +17,7 @@ from opforge.codegen.trace import trace_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
+from opforge.verify.kernel_steps import localise_in_subprocess
 
 
 def _path_ops(gm, index: int) -> list[dict]:
@@ -50,13 +53,24 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     for name, cases in failing.items():
         idx = names.index(name)
         gm = traced.forward if idx < len(traced.output_names) else traced.joint
-        localisation[name] = {"cases": cases[:5], "ops_on_path": _path_ops(gm, idx)}
+        # replay the first failing case and read the kernel's own intermediates against the float64 graph
+        step = localise_in_subprocess(ws.root, cases[0]["case"], cases[0]["seed"], name)
+        localisation[name] = {"cases": cases[:5], "ops_on_path": _path_ops(gm, idx), "fused_step": step}
     report["localisation"] = localisation
     write_json_atomic(ws.path("precision.json"), report)
     md = ws.path("PRECISION.md").read_text() + "\n## Localisation (stage 6)\n\n"
     for name, loc in localisation.items():
         suspects = ", ".join(f"`{o['node']}` ({o['op']})" for o in loc["ops_on_path"] if not o["exact"]) or "none"
         md += f"- **{name}**: failing in {len(loc['cases'])}+ case(s); inexact ops on its path: {suspects}.\n"
+        first = (loc.get("fused_step") or {}).get("first")
+        if first:
+            md += (f"  - diverging fused step: `{first['node']}` ({first['op']}) in `{first['kernel']}`, "
+                   f"{first.get('source') or 'source line not found'}; its inputs "
+                   f"{', '.join(f'`{i}`' for i in first['inputs']) or '(loads)'} agree with float64, it is off by "
+                   f"{first['rel_error']:.3g} of its scale (case {loc['fused_step']['case']}).\n")
+        else:
+            why = (loc.get("fused_step") or {}).get("error") or "every step the kernel holds agrees with float64"
+            md += f"  - no single fused step diverges: {why}.\n"
     if not localisation:
         md += f"- no output failed its comparison; the test run itself failed: `{s['pytest']}`\n"
     write_text_atomic(ws.path("PRECISION.md"), md)
