@@ -13,7 +13,9 @@ import sys
 
 import torch
 
-from opforge.bench.timing import device_name, timer_for
+from opforge.bench.harness import copy_ceiling
+from opforge.bench.opbench import OpCase, bench_case, figures
+from opforge.bench.timing import device_name
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
@@ -25,6 +27,8 @@ NO_KERNEL_TIMING = ("kernel timing needs an accelerator: on this CPU the fused k
 
 
 def _load(ws: Workspace, name: str):
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(ws.path(f"{name}.py")):
+        return sys.modules[name]  # an impl registers torch.library ops: load it once per process
     spec = importlib.util.spec_from_file_location(name, ws.path(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -32,70 +36,64 @@ def _load(ws: Workspace, name: str):
     return module
 
 
-def _as_tuple(x):
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def _passes(fn, tensors, attrs, grad_names, names):
-    """Callables for forward-only and forward+backward of `fn` on fixed inputs."""
-    ins = [t.detach().clone().requires_grad_(n in grad_names) for t, n in zip(tensors, names)]
-    with torch.no_grad():
-        outs = _as_tuple(fn(*ins, **attrs))
-    grads = [torch.randn_like(o) for o in outs]
-
-    def forward():
-        with torch.no_grad():
-            return fn(*ins, **attrs)
-
-    def forward_backward():
-        o = _as_tuple(fn(*ins, **attrs))
-        torch.autograd.backward(o, grads)
-        for t in ins:
-            t.grad = None
-    return forward, (forward_backward if grad_names else None)
+def _case(golden, binding, dtype, grad_names, device) -> OpCase:
+    return OpCase(lambda seed: golden.make_inputs(binding, dtype, seed=seed), golden.INPUT_NAMES, grad_names,
+                  golden.ATTRIBUTES, dtype, device)
 
 
 def run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     spec = json.loads(ws.path("spec.json").read_text())
     api = json.loads(ws.path("api_report.json").read_text())
     device = device_name()
-    timer = timer_for(device)
     golden = _load(ws, f"{req.name}_golden")
-    ref = golden.REFERENCE
-    attrs = dict(golden.ATTRIBUTES)
     grad_names = list(golden.GRAD_INPUTS) if spec["backward"] else []
+    gpu = device == "cuda"
+    state.perf.update(rounds=0, history=[], best=None, last_improvement=None, rounds_without_gain=0)
+    impl = _load(ws, f"{req.name}_impl") if gpu else None
+    ceiling = copy_ceiling(device) if gpu else None
+    tuning = {"rounds": 0, "history": [], "reason": "autotuning runs on an accelerator"}
+    if gpu:
+        from opforge.skills.op_perf.tune import tune
+
+        b0, d0 = spec["p0_shapes"][0], parse_dtype(spec["supported_dtypes"][0])
+        case0 = _case(golden, b0, d0, grad_names, device)
+        eager = bench_case(case0, golden.REFERENCE, None, baselines=("eager",))["times"]
+        key = "eager_forward_backward" if grad_names else "eager_forward"
+        result = tune(ws, req, spec, impl, golden, case0, eager[key]["median_ms"], state, progress)
+        tuning = {"rounds": len(result["history"]), "history": result["history"], "best": result["best"],
+                  "baseline_ms": result["baseline_ms"], "best_ms": result["best_ms"], "stop": result["stop"],
+                  "objective": result["objective"], "written": result["written"],
+                  "reason": f"stopped: {result['stop']}"}
     rows = []
     for binding in spec["p0_shapes"]:
         for dt in spec["supported_dtypes"]:
             dtype = parse_dtype(dt)
-            tensors = [t.to(device) for t in golden.make_inputs(binding, dtype, seed=0)]
-            row = {"binding": binding, "dtype": dt, "device": device, "times": {}}
-            variants = {"eager": ref, "compile_default": torch.compile(ref)}
-            for vname, fn in variants.items():
-                fwd, fwdbwd = _passes(fn, tensors, attrs, grad_names, golden.INPUT_NAMES)
-                row["times"][f"{vname}_forward"] = timer(fwd)
-                if fwdbwd:
-                    row["times"][f"{vname}_forward_backward"] = timer(fwdbwd)
+            case = _case(golden, binding, dtype, grad_names, device)
+            fused = getattr(impl, req.name) if gpu else None
+            measured = bench_case(case, golden.REFERENCE, fused)
             cost = next(c for c in api["cost"] if c["binding"] == binding and c["dtype"] == dt)
-            row["cost"] = cost
+            row = {"binding": binding, "dtype": dt, "device": device, "times": measured["times"],
+                   "launches": measured["launches"], "cost": cost}
+            row["figures"] = figures(row["times"], cost, ceiling["gbps"] if ceiling else None)
             rows.append(row)
             if progress:
                 progress(f"timed {dt} {binding}")
     headline = _headline(rows)
     perf = {"op_name": req.name, "device": device, "torch": torch.__version__,
-            "kernel_timing": None if device == "cuda" else NO_KERNEL_TIMING,
-            "baselines": ["eager", "compile_default"] + (["compile_max_autotune"] if device == "cuda" else []),
-            "rows": rows, "tuning": {"rounds": 0, "history": [],
-                                     "reason": "autotuning runs on an accelerator" if device != "cuda" else ""},
-            "headline": headline}
+            "device_name": torch.cuda.get_device_name() if gpu else "cpu",
+            "kernel_timing": None if gpu else NO_KERNEL_TIMING,
+            "copy_ceiling": ceiling,
+            "baselines": ["eager", "compile_default"] + (["compile_max_autotune"] if gpu else []),
+            "rows": rows, "tuning": tuning, "headline": headline}
     write_json_atomic(ws.path("perf.json"), perf)
-    _plot(ws, rows)
+    _plot(ws, rows, ceiling)
     write_text_atomic(ws.path("PERF.md"), _md(req, perf))
     precision = json.loads(ws.path("precision.json").read_text()) if ws.path("precision.json").exists() else None
     write_text_atomic(ws.path("README.md"), render_readme(req, spec, precision, perf))
-    state.perf["rounds"] = 0
-    state.perf["history"] = []
-    return StageOutcome("completed", headline, artifacts=["PERF.md", "perf.json", "perf.png", "README.md"])
+    artifacts = ["PERF.md", "perf.json", "perf.png", "README.md"]
+    if tuning.get("written"):
+        artifacts.append(f"{req.name}_impl.py")
+    return StageOutcome("completed", headline, artifacts=artifacts)
 
 
 def _headline(rows) -> str:
@@ -109,18 +107,54 @@ def _headline(rows) -> str:
     return text
 
 
+PATHS = ("eager", "compile_default", "compile_max_autotune", "fused")
+
+
+def _ms(t: dict | None) -> str:
+    return f"{t['median_ms']:.3f} ± {t['iqr_ms']:.3f}" if t else "—"
+
+
 def _md(req: Request, perf: dict) -> str:
-    lines = [f"# Performance: {req.name}", "", f"Device: {perf['device']}; torch {perf['torch']}.", ""]
+    gpu = perf["device"] == "cuda"
+    lines = [f"# Performance: {req.name}", "",
+             f"Device: {perf['device']} ({perf.get('device_name', perf['device'])}); torch {perf['torch']}.", ""]
     if perf["kernel_timing"]:
-        lines += [f"**Note:** {perf['kernel_timing']}.", ""]
-    lines += ["## Reference paths (median, IQR)", "", "| shape | dtype | path | forward ms | forward+backward ms |",
-              "|---|---|---|---|---|"]
+        lines += [f"**Note:** {perf['kernel_timing']}. Not measured here: the fused kernel's time, speedups, "
+                  "achieved bandwidth, the copy ceiling, launches per call, autotuning.", ""]
+    else:
+        c = perf["copy_ceiling"]
+        lines += ["Every path timed in this run with CUDA events, L2 flushed before each repetition, rotating "
+                  "input copies refilled with new values and outputs checked against the float32 reference "
+                  f"every 10 calls. Copy ceiling (device-to-device, same run): {c['gbps']:.0f} GB/s.", ""]
+    title = "All paths" if gpu else "Reference paths"
+    lines += [f"## {title} (median ± IQR, ms)", "", "| shape | dtype | path | forward | forward+backward |"
+              + (" launches fwd | launches fwd+bwd |" if gpu else ""),
+              "|---|---|---|---|---|" + ("---|---|" if gpu else "")]
     for r in perf["rows"]:
-        for v in ("eager", "compile_default"):
-            f = r["times"].get(f"{v}_forward")
-            fb = r["times"].get(f"{v}_forward_backward")
-            fb_s = f"{fb['median_ms']:.3f} ± {fb['iqr_ms']:.3f}" if fb else "—"
-            lines.append(f"| {r['binding']} | {r['dtype']} | {v} | {f['median_ms']:.3f} ± {f['iqr_ms']:.3f} | {fb_s} |")
+        for v in PATHS:
+            if f"{v}_forward" not in r["times"]:
+                continue
+            row = (f"| {r['binding']} | {r['dtype']} | {v} | {_ms(r['times'].get(f'{v}_forward'))} | "
+                   f"{_ms(r['times'].get(f'{v}_forward_backward'))} |")
+            if gpu:
+                la = r.get("launches", {})
+                row += f" {la.get(f'{v}_forward', '—')} | {la.get(f'{v}_forward_backward', '—')} |"
+            lines.append(row)
+    if gpu:
+        lines += ["", "## Fused kernel against the baselines", "",
+                  "| shape | dtype | pass | × eager | × compile | × compile max-autotune | GB/s | % copy ceiling |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in perf["rows"]:
+            for p, f in r.get("figures", {}).items():
+                def x(k, f=f):
+                    return f"{f[k]:.2f}×" if k in f else "—"
+                gb = f"{f['gbps']:.0f}" if "gbps" in f else "—"
+                pc = f"{f['pct_of_copy_ceiling']:.0f}%" if "pct_of_copy_ceiling" in f else "—"
+                lines.append(f"| {r['binding']} | {r['dtype']} | {p.replace('_', ' ')} | {x('speedup_vs_eager')} | "
+                             f"{x('speedup_vs_compile_default')} | {x('speedup_vs_compile_max_autotune')} | "
+                             f"{gb} | {pc} |")
+        lines += ["", "GB/s: the cost model's bytes for the fused kernel over its median time. 'backward derived' is "
+                      "the difference of the forward+backward and forward medians.", ""]
     lines += ["", "## Bytes and launches: eager against fused (cost model, API_REPORT.md)", "",
               "| shape | dtype | pass | eager launches | fused launches | eager bytes | fused bytes | ratio |",
               "|---|---|---|---|---|---|---|---|"]
@@ -131,13 +165,53 @@ def _md(req: Request, perf: dict) -> str:
                 lines.append(f"| {r['binding']} | {r['dtype']} | {p} | {c['eager_kernels']} | {c['fused_kernels']} | "
                              f"{c['eager_bytes']:,} | {c['fused_bytes']:,} | "
                              f"{c['eager_bytes'] / c['fused_bytes']:.1f}× |")
+    t = perf["tuning"]
     lines += ["", "For memory-bound kernels the byte ratio bounds the speedup over eager from above once "
                   "launch overhead is amortised.", "", "## Tuning history", "",
-              f"{perf['tuning']['rounds']} rounds. {perf['tuning']['reason']}", "", "![perf](perf.png)", ""]
+              f"{t['rounds']} rounds. {t['reason']}", ""]
+    if t.get("history"):
+        lines += [f"Objective: {t['objective']} on the first P0 shape and dtype; start {t['baseline_ms']:.4f} ms, "
+                  f"best {t['best_ms']:.4f} ms with {t['best']}; written into the impl: "
+                  f"{', '.join(t['written']) or 'nothing'}.", "",
+                  "| round | config | status | ms |", "|---|---|---|---|"]
+        for h in t["history"]:
+            ms = f"{h['ms']:.4f}" if "ms" in h else h.get("reason", "")
+            lines.append(f"| {h['round']} | {h['config']} | {h['status']}{' (best)' if h.get('improved') else ''} "
+                         f"| {ms} |")
+        lines.append("")
+    lines += ["![perf](perf.png)", ""]
     return "\n".join(lines)
 
 
-def _plot(ws: Workspace, rows) -> None:
+def _plot_measured(ax1, ax2, rows, labels, ceiling) -> None:
+    """Achieved bandwidth per shape against the copy ceiling; speedups over each baseline."""
+    xs = range(len(rows))
+    width = 0.2
+    passes = [p for p in ("forward", "forward_backward") if p in rows[0]["figures"]]
+    for i, p in enumerate(passes):
+        ax1.bar([x + i * width for x in xs], [r["figures"][p]["gbps"] for r in rows], width, label=p.replace("_", "+"))
+    if ceiling:
+        ax1.axhline(ceiling["gbps"], color="k", linestyle="--", label="copy ceiling")
+    ax1.set_xticks(list(xs), labels, fontsize=7)
+    ax1.set_ylabel("GB/s")
+    ax1.set_title("fused kernel: achieved bandwidth")
+    ax1.legend(fontsize=7)
+    bases = ("eager", "compile_default", "compile_max_autotune")
+    k = 0
+    for p in passes:
+        for b in bases:
+            vals = [r["figures"][p].get(f"speedup_vs_{b}", 0) for r in rows]
+            ax2.bar([x + (k - len(passes) * len(bases) / 2) * width / 2 for x in xs], vals, width / 2,
+                    label=f"{p.replace('_', '+')} vs {b.replace('_', ' ')}")
+            k += 1
+    ax2.axhline(1.0, color="k", linewidth=0.8)
+    ax2.set_xticks(list(xs), labels, fontsize=7)
+    ax2.set_ylabel("speedup (×)")
+    ax2.set_title("fused kernel over each baseline")
+    ax2.legend(fontsize=6)
+
+
+def _plot(ws: Workspace, rows, ceiling=None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,6 +221,10 @@ def _plot(ws: Workspace, rows) -> None:
     labels = [f"{r['dtype']}\n{'x'.join(str(v) for v in r['binding'].values())}" for r in rows]
     xs = range(len(rows))
     width = 0.2
+    if rows[0].get("figures"):
+        _plot_measured(ax1, ax2, rows, labels, ceiling)
+        _save(ws, fig, plt)
+        return
     series = [k for k in rows[0]["times"]]
     for i, k in enumerate(series):
         ax1.bar([x + (i - len(series) / 2) * width for x in xs], [r["times"][k]["median_ms"] for r in rows],
@@ -165,6 +243,10 @@ def _plot(ws: Workspace, rows) -> None:
     ax2.set_ylabel("MiB moved")
     ax2.set_title("bytes per call: eager vs fused (cost model)")
     ax2.legend(fontsize=7)
+    _save(ws, fig, plt)
+
+
+def _save(ws: Workspace, fig, plt) -> None:
     fig.tight_layout()
     tmp = ws.path("perf.png.tmp")
     fig.savefig(tmp, format="png", dpi=110)

@@ -1,0 +1,122 @@
+"""Per-op benchmarking and autotuning on the CPU, through the same guarded loop the GPU uses (wall clock instead
+of CUDA events; the generated kernel runs in Triton's interpreter, so its times are not figures, only the
+mechanics are checked)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from opforge.bench.harness import StaleOutputError, WallClock, measure, outputs_mismatch
+from opforge.bench.opbench import OpCase, bench_case, figures
+from opforge.bench.tuning import apply_config, autotune, current_config, write_back
+from opforge.codegen.build import generate_impl, plan_request
+from opforge.codegen.trace import trace_request
+from opforge.request import load_request
+from opforge.skills.op_api.stage import cost_model
+from opforge.verify.inputs import make_tensor
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+BINDING = {"N": 8, "H": 64}
+
+
+@pytest.fixture(scope="module")
+def rms(tmp_path_factory):
+    req = load_request(EXAMPLES / "rms_norm")
+    path = tmp_path_factory.mktemp("impl") / "rms_norm_impl.py"
+    path.write_text(generate_impl(req, plan_request(req)))
+    spec = importlib.util.spec_from_file_location("bench_rms_norm_impl", path)
+    impl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(impl)
+    return req, impl, path
+
+
+def _case(req):
+    def make(seed):
+        return [make_tensor(req.input_shape(s, BINDING), torch.float32, seed=seed + 31 * k)
+                for k, s in enumerate(req.inputs)]
+    return OpCase(make, [s.name for s in req.inputs], ["x", "weight"], req.attr_defaults, torch.float32, "cpu")
+
+
+def _clock():
+    return WallClock(flush_bytes=1 << 16)
+
+
+def test_fused_and_eager_timed_in_one_run_with_figures(rms):
+    req, impl, _ = rms
+    case = _case(req)
+    res = bench_case(case, req.load_reference(), impl.rms_norm, rep_ms=5, baselines=("eager",), clock=_clock())
+    assert set(res["times"]) == {"eager_forward", "eager_forward_backward", "fused_forward", "fused_forward_backward"}
+    assert all(t["checks"] >= 1 and t["copies"] == 3 for t in res["times"].values())
+    traced = trace_request(req)
+    cost = cost_model(dataclasses.replace(req, p0=[BINDING]), traced, plan_request(req, traced))
+    row = next(c for c in cost if c["dtype"] == "float32")
+    figs = figures(res["times"], row, ceiling_gbps=10.0)
+    fwd = figs["forward"]
+    assert fwd["gbps"] == pytest.approx(row["forward"]["fused_bytes"] / (fwd["fused_ms"] * 1e-3) / 1e9)
+    assert fwd["pct_of_copy_ceiling"] == pytest.approx(10 * fwd["gbps"])
+    assert fwd["speedup_vs_eager"] == pytest.approx(res["times"]["eager_forward"]["median_ms"] / fwd["fused_ms"])
+    assert "speedup_vs_eager" in figs["forward_backward"]
+
+
+def test_planted_caching_kernel_is_caught_through_the_op_path(rms):
+    req, impl, _ = rms
+    seen = {}
+
+    def caching(x, weight, eps):
+        if "out" not in seen:
+            seen["out"] = impl.rms_norm(x, weight, eps)
+        return seen["out"]
+    with pytest.raises(StaleOutputError):
+        bench_case(_case(req), req.load_reference(), caching, rep_ms=5, baselines=("eager",), clock=_clock())
+
+
+def test_cpu_without_clock_times_reference_paths_only(rms):
+    req, impl, _ = rms
+    res = bench_case(_case(req), req.load_reference(), impl.rms_norm, baselines=("eager",))
+    assert set(res["times"]) == {"eager_forward", "eager_forward_backward"}
+    assert res["times"]["eager_forward"]["timer"] == "cpu"
+
+
+def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
+    req, impl, path = rms
+    case = _case(req)
+    ref = case.reference(req.load_reference(), False)
+    call = case.forward(impl.rms_norm)
+    start = current_config(impl)
+    verified = []
+
+    def timed():
+        return measure(call, case.inputs, clock=_clock(), reference=ref, warmup_ms=1, rep_ms=3, min_reps=3).median_ms
+
+    def verify():
+        cfg = current_config(impl)
+        verified.append(cfg)
+        if impl.MAX_BLOCK_C > start["MAX_BLOCK_C"]:  # a planted precision failure for wider chunks
+            return "precision: planted failure"
+        ins = case.inputs(777)
+        return outputs_mismatch(call(ins), ref(ins), 1e-5)
+    try:
+        res = autotune(impl, timed, verify)
+        assert 1 <= len(res["history"]) <= 10
+        assert len(verified) == len(res["history"])  # every candidate verified before its time counted
+        rejected = [h for h in res["history"] if h["status"] == "rejected"]
+        assert rejected and all("ms" not in h for h in rejected)
+        assert res["best"]["MAX_BLOCK_C"] <= start["MAX_BLOCK_C"]
+        assert res["stop"] in ("3 rounds without gain", "10 rounds", "search space exhausted")
+        assert current_config(impl) == res["best"]
+        # the target stops the search before any round
+        assert autotune(impl, timed, verify, target_ms=1e9)["history"] == []
+    finally:
+        apply_config(impl, start)
+    copy = tmp_path / "impl.py"
+    copy.write_text(path.read_text())
+    changed = write_back(copy, {"NUM_WARPS": 8, "ROW_NUM_WARPS": 16})
+    assert set(changed) == {"NUM_WARPS", "ROW_NUM_WARPS"}
+    text = copy.read_text()
+    assert "\nNUM_WARPS = 8\n" in text and '"num_warps": 16' in text
+    compile(text, str(copy), "exec")
