@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from opforge.bench.cli import bench_app
 from opforge.errors import InputError
 from opforge.hosts.cli import hooks_app, init_cmd, skills_app
 from opforge.llm.cli import draft_cmd
@@ -32,6 +33,7 @@ app.command("api-consistency")(api_consistency)
 app.command("pr-analysis")(pr_analysis_command)
 app.add_typer(skills_app, name="skills")
 app.add_typer(hooks_app, name="hooks")
+app.add_typer(bench_app, name="bench")
 app.command("init")(init_cmd)
 
 console = Console(stderr=True)
