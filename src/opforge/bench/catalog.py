@@ -78,9 +78,18 @@ def _op_case(req: Request, binding: dict, dtype, grad_names, device: str) -> OpC
     def make(seed: int):
         out = []
         for k, s in enumerate(req.inputs):
-            low, high = s.range or (None, None)
-            out.append(make_tensor(req.input_shape(s, binding), dtype, seed=seed + 7919 * k,
-                                   distribution="uniform_small" if s.range else "normal", low=low, high=high))
+            shape, low, high = req.input_shape(s, binding), *(s.range or (None, None))
+            if device == "cpu":
+                out.append(make_tensor(shape, dtype, seed=seed + 7919 * k,
+                                       distribution="uniform_small" if s.range else "normal", low=low, high=high))
+                continue
+            # drawn on the device: a CPU float64 draw of 64M elements per input would dominate the run
+            g = torch.Generator(device=device).manual_seed(seed + 7919 * k)
+            if s.range:
+                t = torch.rand(shape, generator=g, device=device) * (high - low) + low
+            else:
+                t = torch.randn(shape, generator=g, device=device)
+            out.append(t.to(dtype))
         return out
     return OpCase(make, [s.name for s in req.inputs], grad_names, req.attr_defaults, dtype, device)
 
@@ -114,7 +123,9 @@ def versions() -> dict:
 
 
 def run_catalog(examples: Path, ops: list[str] | None, *, dtype: str | None = None, elements: int | None = None,
-                baselines=BASELINES, progress=None) -> dict:
+                baselines=BASELINES, progress=None, checkpoint=None) -> dict:
+    """The catalog report; `checkpoint(report)` after each operator (report["complete"] False until the end),
+    so a run cut short still leaves what it measured."""
     names = select(examples, ops)
     device = device_name()
     gpu = device == "cuda"
@@ -126,7 +137,7 @@ def run_catalog(examples: Path, ops: list[str] | None, *, dtype: str | None = No
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": device, "device_name": torch.cuda.get_device_name() if gpu else "cpu", **versions(),
               "kernel_timing": None if gpu else NOT_MEASURED_CPU, "baselines": list(baselines),
-              "copy_ceiling": ceiling, "ops": []}
+              "copy_ceiling": ceiling, "complete": False, "ops": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             req = load_request(examples / name)
@@ -134,8 +145,11 @@ def run_catalog(examples: Path, ops: list[str] | None, *, dtype: str | None = No
             if dt not in req.dtypes:
                 raise InputError("--dtype", f"{name} does not support {dt} (it takes {', '.join(req.dtypes)})")
             report["ops"].append(bench_op(req, device, dt, elements, baselines, ceiling, Path(tmp)))
+            if checkpoint:
+                checkpoint(report)
             if progress:
                 progress(name)
+    report["complete"] = True
     return report
 
 

@@ -50,6 +50,8 @@ def catalog_cmd(
         names = _split(ops)
         quiet = str(json_file) == "-" or not sys.stderr.isatty()
         kw = dict(dtype=dtype, elements=elements, baselines=tuple(chosen))
+        if json_file and str(json_file) != "-":
+            kw["checkpoint"] = lambda rep: write_json_atomic(json_file, rep)
         if quiet:
             report = run_catalog(examples, names, **kw)
         else:

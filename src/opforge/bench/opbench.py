@@ -34,10 +34,13 @@ class OpCase:
         self.dtype, self.device = dtype, device
         self._make = make_inputs
         self._grad_outs = None
+        self._drawn: dict[int, list] = {}  # seed -> tensors on the device; each caller gets its own copies
 
     def inputs(self, seed: int) -> list:
-        return [t.to(self.device).requires_grad_(n in self.grad_names and t.is_floating_point())
-                for t, n in zip(self._make(seed), self.names)]
+        if seed not in self._drawn:
+            self._drawn[seed] = [t.to(self.device) for t in self._make(seed)]
+        return [t.clone().requires_grad_(n in self.grad_names and t.is_floating_point())
+                for t, n in zip(self._drawn[seed], self.names)]
 
     def grad_outputs(self, outs) -> list:
         if self._grad_outs is None:
