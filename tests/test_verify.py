@@ -74,3 +74,23 @@ def test_edge_values_are_representable(dtype):
     assert 2.5 in e.tolist() and (e == 0).sum() == 2
     t = with_edges(torch.zeros(100, dtype=dtype), e, seed=3)
     assert (t == 2.5).sum() == 1
+
+
+def test_a_case_the_reference_does_not_define_is_skipped_not_failed():
+    from types import SimpleNamespace
+
+    from opforge.verify.cases import check_case
+
+    def forward(*tensors, compute_dtype=torch.float32, **attrs):
+        return (tensors[0].to(compute_dtype).abs().amax(),)  # amax of an empty tensor raises
+
+    golden = SimpleNamespace(INPUT_NAMES=["x"], OUTPUT_NAMES=["out"], GRAD_INPUTS=[], ATTRIBUTES={},
+                             INPUTS=[{"name": "x", "shape": ["N", "M"]}], forward=forward,
+                             make_inputs=lambda b, dt, seed, dist="normal": [torch.zeros(b["N"], b["M"], dtype=dt)])
+    impl = SimpleNamespace(op=lambda x: x.abs().amax())
+    spec = {"op_name": "op", "backward": False}
+    case = {"id": "L1-empty", "level": 1, "binding": {"N": 0, "M": 7}, "dtype": "float32", "distribution": "normal"}
+    rec = check_case(impl, golden, case, spec, seed=1)
+    assert rec["skipped"].startswith("the reference raises here: RuntimeError")
+    with pytest.raises(RuntimeError):  # at the shapes that matter the request must define its operator
+        check_case(impl, golden, {**case, "level": 0}, spec, seed=1)

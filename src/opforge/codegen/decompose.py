@@ -73,6 +73,12 @@ def rewrite_variance(gm: torch.fx.GraphModule) -> None:
 
         mean_k = add(aten.mean.dim, (x, dims, True))
         diff = add(aten.sub.Tensor, (x, mean_k))
+        if node.target == aten.std.correction:
+            # std = s · sqrt(mean((d / s)²)), s = max |d|: finite whenever the deviation is, as PyTorch's (which
+            # accumulates in float64) is; the plain square of a deviation past 1.8e19 overflows float32
+            scale = add(aten.clamp_min.default, (add(aten.amax.default, (add(aten.abs.default, (diff,)), dims, True)),
+                                                 torch.finfo(torch.float32).tiny))
+            diff = add(aten.div.Tensor, (diff, scale))
         sq = add(aten.mul.Tensor, (diff, diff))
         var = add(aten.mean.dim, (sq, dims, keepdim))
         if correction:  # n / (n - correction), from size nodes so the kernel reads n at run time
@@ -82,7 +88,11 @@ def rewrite_variance(gm: torch.fx.GraphModule) -> None:
                 n = size if n is None else add(operator.mul, (n, size))
             var = add(aten.mul.Tensor, (var, add(operator.truediv, (n, add(operator.sub, (n, correction))))))
         if node.target == aten.std.correction:
-            node.replace_all_uses_with(add(aten.sqrt.default, (var,)))
+            tiny = torch.finfo(torch.float32).tiny
+            dev = add(aten.abs.default, (add(aten.sub.Tensor, (x, mean_k)),))
+            out_scale = scale if keepdim else add(aten.clamp_min.default, (add(aten.amax.default, (dev, dims, False)),
+                                                                          tiny))
+            node.replace_all_uses_with(add(aten.mul.Tensor, (add(aten.sqrt.default, (var,)), out_scale)))
         elif node.target == aten.var.correction:
             node.replace_all_uses_with(var)
         else:

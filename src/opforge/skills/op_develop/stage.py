@@ -72,7 +72,8 @@ def run_tests(ws: Workspace) -> tuple[int, str, list[dict]]:
 
 def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> dict:
     total = len(records)
-    passed = sum(r["passed"] for r in records)
+    skipped = sum(bool(r.get("skipped")) for r in records)
+    passed = sum(r["passed"] and not r.get("skipped") for r in records)
     worst = {}
     for r in records:
         for o in r["outputs"]:
@@ -83,15 +84,18 @@ def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> d
             w["exact_cases"] += int(bool(o.get("exact")))
             w["max_abs"] = max(w["max_abs"], float(o.get("max_abs") or 0.0))
             w["max_ulp"] = max(w["max_ulp"], int(o.get("max_ulp") or 0))
-    return {"summary": {"total": total, "passed": passed, "failed": total - passed, "pytest_rc": pytest_rc,
-                        "pytest": pytest_line, "all_passed": pytest_rc == 0 and passed == total and total > 0},
+    return {"summary": {"total": total, "passed": passed, "skipped": skipped, "failed": total - passed - skipped,
+                        "pytest_rc": pytest_rc, "pytest": pytest_line,
+                        "all_passed": pytest_rc == 0 and passed + skipped == total and passed > 0},
             "per_output": worst, "cases": records}
 
 
 def render_precision(op: str, report: dict) -> str:
     s = report["summary"]
+    skipped = f", {s['skipped']} skipped (the reference does not define them)" if s.get("skipped") else ""
     lines = [f"# Precision: {op}", "", f"pytest: `{s['pytest']}` (exit {s['pytest_rc']}). "
-             f"Cases: {s['passed']}/{s['total']} passed.", "", "## Per output (worst over all cases)", "",
+             f"Cases: {s['passed']}/{s['total']} passed{skipped}.",
+             "", "## Per output (worst over all cases)", "",
              "| output | cases | compared exactly | max abs error | max ULP |", "|---|---|---|---|---|"]
     for name, w in report["per_output"].items():
         lines.append(f"| {name} | {w['cases']} | {w['exact_cases']} | {w['max_abs']:.3g} | {w['max_ulp']} |")
@@ -100,7 +104,8 @@ def render_precision(op: str, report: dict) -> str:
               "## Cases", "", "| case | seed | passed | outputs (max abs) |", "|---|---|---|---|"]
     for r in report["cases"]:
         outs = ", ".join(f"{o['name']}={o.get('max_abs', 0):.2g}" for o in r["outputs"] if o["name"] != "no_alias")
-        lines.append(f"| {r['case']} | {r['seed']} | {'yes' if r['passed'] else '**no**'} | {outs} |")
+        verdict = "skipped: " + r["skipped"] if r.get("skipped") else ("yes" if r["passed"] else "**no**")
+        lines.append(f"| {r['case']} | {r['seed']} | {verdict} | {outs} |")
     failing = [r for r in report["cases"] if not r["passed"]]
     if failing:
         lines += ["", "## Failures", ""]
