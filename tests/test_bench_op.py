@@ -120,3 +120,52 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
     text = copy.read_text()
     assert "\nNUM_WARPS = 8\n" in text and '"num_warps": 16' in text
     compile(text, str(copy), "exec")
+
+
+def test_accelerator_report_renders_measured_rows(rms, tmp_path):
+    # PERF.md and perf.png as a GPU run writes them, from rows measured here through the same loop
+    from opforge.orchestrator.workspace import Workspace
+    from opforge.skills.op_perf.stage import _md, _plot
+
+    req, impl, _ = rms
+    res = bench_case(_case(req), req.load_reference(), impl.rms_norm, rep_ms=5, baselines=("eager",), clock=_clock())
+    traced = trace_request(req)
+    cost = next(c for c in cost_model(dataclasses.replace(req, p0=[BINDING]), traced, plan_request(req, traced))
+                if c["dtype"] == "float32")
+    ceiling = {"gbps": 50.0, "bytes": 1, "median_ms": 1.0, "timer": "wall clock"}
+    row = {"binding": BINDING, "dtype": "float32", "device": "cuda", "times": res["times"],
+           "launches": {"fused_forward": 1.0}, "cost": cost, "figures": figures(res["times"], cost, 50.0)}
+    tuning = {"rounds": 1, "reason": "stopped: 3 rounds without gain", "objective": "fused forward",
+              "baseline_ms": 1.0, "best_ms": 0.9, "best": {"TILE": 2048}, "written": ["TILE"],
+              "history": [{"round": 1, "config": {"TILE": 2048}, "status": "measured", "ms": 0.9, "improved": True}]}
+    perf = {"device": "cuda", "device_name": "test", "torch": torch.__version__, "kernel_timing": None,
+            "compile_modes": {"compile_default": "default"},
+            "copy_ceiling": ceiling, "rows": [row], "tuning": tuning}
+    md = _md(req, perf)
+    assert "| fused |" in md and "× eager" in md and "% copy ceiling" in md
+    assert f"{row['figures']['forward']['speedup_vs_eager']:.2f}×" in md
+    assert "| 1 | {'TILE': 2048} | measured (best) | 0.9000 |" in md
+    ws = Workspace(tmp_path, "rms_norm")
+    _plot(ws, [row], ceiling)
+    assert (tmp_path / "perf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_catalog_table_for_measured_rows(rms):
+    from opforge.bench.catalog import to_markdown
+
+    req, impl, _ = rms
+    res = bench_case(_case(req), req.load_reference(), impl.rms_norm, rep_ms=5, baselines=("eager",), clock=_clock())
+    traced = trace_request(req)
+    cost = next(c for c in cost_model(dataclasses.replace(req, p0=[BINDING]), traced, plan_request(req, traced))
+                if c["dtype"] == "float32")
+    figs = figures(res["times"], cost, 50.0)
+    report = {"date": "d", "device": "cuda", "device_name": "test", "torch": "t", "triton": "x",
+              "kernel_timing": None, "baselines": ["eager"], "copy_ceiling": {"gbps": 50.0},
+              "compile_modes": {"compile_default": "default"},
+              "ops": [{"op": "rms_norm", "binding": BINDING, "dtype": "float32", "times": res["times"],
+                       "launches": {"fused_forward": 1.0}, "figures": figs, "cost": cost}]}
+    md = to_markdown(report)
+    fwd = next(line for line in md.splitlines() if line.startswith("| rms_norm | 8x64 | float32 | forward |"))
+    cells = [c.strip() for c in fwd.strip("|").split("|")]
+    assert len(cells) == len(md.splitlines()[md.splitlines().index(fwd) - 1].strip("|").split("|"))
+    assert f"{figs['forward']['speedup_vs_eager']:.2f}×" in cells and "1.0" in cells

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from opforge.bench.harness import copy_ceiling
-from opforge.bench.opbench import BASELINES, OpCase, bench_case, figures
+from opforge.bench.opbench import BASELINES, COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.errors import InputError
 from opforge.request import Request, load_request
@@ -137,7 +137,7 @@ def run_catalog(examples: Path, ops: list[str] | None, *, dtype: str | None = No
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": device, "device_name": torch.cuda.get_device_name() if gpu else "cpu", **versions(),
               "kernel_timing": None if gpu else NOT_MEASURED_CPU, "baselines": list(baselines),
-              "copy_ceiling": ceiling, "complete": False, "ops": []}
+              "copy_ceiling": ceiling, "compile_modes": COMPILE_MODES, "complete": False, "ops": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             req = load_request(examples / name)
@@ -166,8 +166,9 @@ def to_markdown(report: dict) -> str:
     else:
         lines += ["Every path timed in one run: CUDA events, L2 flushed before each repetition, rotating input "
                   "copies refilled with new values, outputs checked against the float32 reference every 10 calls. "
-                  f"Copy ceiling (device-to-device, measured in this run): {report['copy_ceiling']['gbps']:.0f} GB/s.",
-                  ""]
+                  f"Copy ceiling (device-to-device, measured in this run): {report['copy_ceiling']['gbps']:.0f} GB/s. "
+                  "torch.compile modes: " + ", ".join(f"{k} = {v}" for k, v in report["compile_modes"].items())
+                  + ".", ""]
     paths = report["baselines"] + (["fused"] if not report["kernel_timing"] else [])
     head = "| op | shape | dtype | pass | " + " | ".join(f"{p} ms" for p in paths)
     if not report["kernel_timing"]:

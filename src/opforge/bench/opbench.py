@@ -73,10 +73,25 @@ class OpCase:
         return call
 
 
-def _cpu_row(case: OpCase, variants: dict) -> dict:
+# max-autotune without CUDA graphs: graph replays overwrite earlier outputs (the harness would rightly call that
+# stale), and the fused kernel is launched without graphs too, so kernels are compared with kernels
+COMPILE_MODES = {"compile_default": "default", "compile_max_autotune": "max-autotune-no-cudagraphs"}
+
+
+def _variant(name: str, reference: Callable) -> Callable:
+    if name == "eager":
+        return reference
+    # a fresh cache per variant: modes x dtypes x grad modes would pass dynamo's recompile limit and fall back
+    # to eager silently
+    torch._dynamo.reset()
+    return torch.compile(reference, mode=COMPILE_MODES[name])
+
+
+def _cpu_row(case: OpCase, baselines, reference) -> dict:
     times = {}
     ins = case.inputs(0)
-    for vname, fn in variants.items():
+    for vname in baselines:
+        fn = _variant(vname, reference)
         times[f"{vname}_forward"] = time_cpu(lambda f=case.forward(fn): f(ins))
         if case.grad_names:
             times[f"{vname}_forward_backward"] = time_cpu(lambda f=case.forward_backward(fn): f(ins))
@@ -90,18 +105,14 @@ def bench_case(case: OpCase, reference: Callable, fused: Callable | None, *, rep
                baselines=BASELINES, clock=None) -> dict:
     """Times of every path. On a CPU without an explicit `clock`, only the reference paths, by
     torch.utils.benchmark (`fused` is then ignored); with one, the same guarded loop as on a GPU."""
-    make = {"eager": lambda: reference, "compile_default": lambda: torch.compile(reference),
-            "compile_max_autotune": lambda: torch.compile(reference, mode="max-autotune")}
     if not case.device.startswith("cuda") and clock is None:
-        return {"times": _cpu_row(case, {b: make[b]() for b in baselines if b != "compile_max_autotune"}),
+        return {"times": _cpu_row(case, [b for b in baselines if b != "compile_max_autotune"], reference),
                 "launches": {}}
-    variants = {b: make[b]() for b in baselines}
-    if fused is not None:
-        variants["fused"] = fused
     clock = clock or clock_for(case.device)
     times, launches = {}, {}
     passes = [("forward", False)] + ([("forward_backward", True)] if case.grad_names else [])
-    for vname, fn in variants.items():
+    for vname in list(baselines) + (["fused"] if fused is not None else []):
+        fn = fused if vname == "fused" else _variant(vname, reference)
         for pname, bwd in passes:
             call = case.forward_backward(fn) if bwd else case.forward(fn)
             t = measure(call, case.inputs, clock=clock, reference=case.reference(reference, bwd),

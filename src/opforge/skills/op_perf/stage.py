@@ -14,7 +14,7 @@ import sys
 import torch
 
 from opforge.bench.harness import copy_ceiling
-from opforge.bench.opbench import OpCase, bench_case, figures
+from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
@@ -82,7 +82,7 @@ def run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     perf = {"op_name": req.name, "device": device, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name() if gpu else "cpu",
             "kernel_timing": None if gpu else NO_KERNEL_TIMING,
-            "copy_ceiling": ceiling,
+            "copy_ceiling": ceiling, "compile_modes": COMPILE_MODES,
             "baselines": ["eager", "compile_default"] + (["compile_max_autotune"] if gpu else []),
             "rows": rows, "tuning": tuning, "headline": headline}
     write_json_atomic(ws.path("perf.json"), perf)
@@ -125,7 +125,9 @@ def _md(req: Request, perf: dict) -> str:
         c = perf["copy_ceiling"]
         lines += ["Every path timed in this run with CUDA events, L2 flushed before each repetition, rotating "
                   "input copies refilled with new values and outputs checked against the float32 reference "
-                  f"every 10 calls. Copy ceiling (device-to-device, same run): {c['gbps']:.0f} GB/s.", ""]
+                  f"every 10 calls. Copy ceiling (device-to-device, same run): {c['gbps']:.0f} GB/s. "
+                  "torch.compile modes: " + ", ".join(f"{k} = {v}" for k, v in perf["compile_modes"].items())
+                  + ".", ""]
     title = "All paths" if gpu else "Reference paths"
     lines += [f"## {title} (median ± IQR, ms)", "", "| shape | dtype | path | forward | forward+backward |"
               + (" launches fwd | launches fwd+bwd |" if gpu else ""),
