@@ -163,8 +163,10 @@ def test_catalog_table_for_measured_rows(rms):
               "kernel_timing": None, "baselines": ["eager"], "copy_ceiling": {"gbps": 50.0},
               "compile_modes": {"compile_default": "default"},
               "ops": [{"op": "rms_norm", "binding": BINDING, "dtype": "float32", "times": res["times"],
-                       "launches": {"fused_forward": 1.0}, "figures": figs, "cost": cost}]}
+                       "launches": {"fused_forward": 1.0}, "figures": figs, "cost": cost},
+                      {"op": "softmax", "dtype": "bfloat16", "error": "stale outputs: repetition 10"}]}
     md = to_markdown(report)
+    assert "- **softmax** (bfloat16): stale outputs: repetition 10" in md and "| softmax |" not in md
     fwd = next(line for line in md.splitlines() if line.startswith("| rms_norm | 8x64 | float32 | forward |"))
     cells = [c.strip() for c in fwd.strip("|").split("|")]
     assert len(cells) == len(md.splitlines()[md.splitlines().index(fwd) - 1].strip("|").split("|"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from opforge.bench.harness import copy_ceiling
+from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import BASELINES, COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.errors import InputError
@@ -144,7 +144,12 @@ def run_catalog(examples: Path, ops: list[str] | None, *, dtype: str | None = No
             dt = dtype or ("bfloat16" if "bfloat16" in req.dtypes else req.dtypes[0])
             if dt not in req.dtypes:
                 raise InputError("--dtype", f"{name} does not support {dt} (it takes {', '.join(req.dtypes)})")
-            report["ops"].append(bench_op(req, device, dt, elements, baselines, ceiling, Path(tmp)))
+            try:
+                report["ops"].append(bench_op(req, device, dt, elements, baselines, ceiling, Path(tmp)))
+            except StaleOutputError as exc:  # recorded loudly, and the other operators still get measured
+                report["ops"].append({"op": name, "dtype": dt, "error": f"stale outputs: {exc}"})
+            except (RuntimeError, ValueError) as exc:  # a baseline that does not compile, a launch that fails
+                report["ops"].append({"op": name, "dtype": dt, "error": f"{type(exc).__name__}: {exc}"[:500]})
             if checkpoint:
                 checkpoint(report)
             if progress:
@@ -174,7 +179,10 @@ def to_markdown(report: dict) -> str:
     if not report["kernel_timing"]:
         head += " | × eager | × compile | × max-autotune | GB/s | % ceiling | launches"
     lines += [head + " | eager bytes | fused bytes (model) |", "|" + "---|" * (head.count("|") + 2)]
+    failed = [r for r in report["ops"] if "error" in r]
     for r in report["ops"]:
+        if "error" in r:
+            continue
         shape = "x".join(str(v) for v in r["binding"].values())
         for p, cp in (("forward", "forward"), ("forward_backward", "backward")):
             if f"eager_{p}" not in r["times"]:
@@ -191,6 +199,9 @@ def to_markdown(report: dict) -> str:
             c = r["cost"].get(cp, {})
             cells += [f"{c.get('eager_bytes', 0):,}", f"{c.get('fused_bytes', 0):,}"]
             lines.append("| " + " | ".join(cells) + " |")
+    if failed:
+        lines += ["", "## Not measured (the run failed for these operators)", ""]
+        lines += [f"- **{r['op']}** ({r['dtype']}): {r['error']}" for r in failed]
     lines += ["", "Bytes per pass are the cost model's (API_REPORT.md); for forward+backward the byte columns show "
                   "the backward pass alone.", ""]
     return "\n".join(lines)

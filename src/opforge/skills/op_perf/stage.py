@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from opforge.bench.harness import copy_ceiling
+from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
@@ -42,6 +42,13 @@ def _case(golden, binding, dtype, grad_names, device) -> OpCase:
 
 
 def run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
+    try:
+        return _run(ws, req, state, progress)
+    except StaleOutputError as exc:
+        return StageOutcome("failed", f"the timing harness caught stale outputs: {exc}", retryable=False)
+
+
+def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     spec = json.loads(ws.path("spec.json").read_text())
     api = json.loads(ws.path("api_report.json").read_text())
     device = device_name()
