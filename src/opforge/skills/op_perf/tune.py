@@ -4,8 +4,6 @@ in the state's perf record, and the best config written back into the impl file.
 
 from __future__ import annotations
 
-import torch
-
 from opforge.bench.harness import clock_for, measure
 from opforge.bench.opbench import STALE_REL_TOL
 from opforge.bench.tuning import autotune, write_back
@@ -65,8 +63,11 @@ def tune(ws, req, spec: dict, impl, golden, case, eager_ms: float, state, progre
         if progress:
             progress(f"tuning round {rec['round']}: {rec['status']} {rec.get('ms', '')}")
 
-    torch.cuda.synchronize()
+    clock.sync()
     result = autotune(impl, timed, verify, target_ms=eager_ms / target if target else None, on_round=on_round)
     result["objective"] = "fused forward+backward" if bwd else "fused forward"
-    result["written"] = write_back(ws.path(f"{req.name}_impl.py"), result["best"]) if result["history"] else []
+    # the interpreter's knob values are not the accelerator's: only a compiled run writes back
+    compiled = not getattr(impl, "INTERPRET", False)
+    written = compiled and result["history"]
+    result["written"] = write_back(ws.path(f"{req.name}_impl.py"), result["best"]) if written else []
     return result
