@@ -171,3 +171,6 @@ def test_catalog_table_for_measured_rows(rms):
     cells = [c.strip() for c in fwd.strip("|").split("|")]
     assert len(cells) == len(md.splitlines()[md.splitlines().index(fwd) - 1].strip("|").split("|"))
     assert f"{figs['forward']['speedup_vs_eager']:.2f}×" in cells and "1.0" in cells
+    if "backward_derived" in figs:  # only when the fused backward took measurable time
+        bwd = next(line for line in md.splitlines() if "backward (derived)" in line)
+        assert bwd.count("|") == fwd.count("|")

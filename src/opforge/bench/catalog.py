@@ -199,6 +199,12 @@ def to_markdown(report: dict) -> str:
             c = r["cost"].get(cp, {})
             cells += [f"{c.get('eager_bytes', 0):,}", f"{c.get('fused_bytes', 0):,}"]
             lines.append("| " + " | ".join(cells) + " |")
+        d = r["figures"].get("backward_derived")
+        if d:  # the backward alone: difference of the forward+backward and forward medians
+            cells = [r["op"], shape, r["dtype"], "backward (derived)"] + ["—"] * len(paths)
+            cells += [f"{d[k]:.2f}×" if k in d else "—" for k in
+                      ("speedup_vs_eager", "speedup_vs_compile_default", "speedup_vs_compile_max_autotune")]
+            lines.append("| " + " | ".join(cells + ["—"] * 5) + " |")
     if failed:
         lines += ["", "## Not measured (the run failed for these operators)", ""]
         lines += [f"- **{r['op']}** ({r['dtype']}): {r['error']}" for r in failed]
