@@ -91,7 +91,9 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
     verified = []
 
     def timed():
-        return measure(call, case.inputs, clock=_clock(), reference=ref, warmup_ms=1, rep_ms=3, min_reps=3).median_ms
+        # timed through the real loop, but scored as a tie: the search path must not follow this machine's noise
+        measure(call, case.inputs, clock=_clock(), reference=ref, warmup_ms=1, rep_ms=3, min_reps=3)
+        return 1.0
 
     def verify():
         cfg = current_config(impl)
