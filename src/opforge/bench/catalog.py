@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib.util
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -48,17 +49,10 @@ def scaled_binding(req: Request, elements: int | None) -> dict:
     binding = dict(req.p0[0])
     if not elements:
         return binding
-    n0 = max(_numel(req.input_shape(s, binding)) for s in req.inputs)
+    n0 = max(math.prod(req.input_shape(s, binding)) for s in req.inputs)
     lead = next(iter(binding))
     binding[lead] = max(1, round(binding[lead] * elements / max(1, n0)))
     return binding
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _load_impl(req: Request, directory: Path):

@@ -6,6 +6,7 @@ offending ops named in API_REPORT.md.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import sympy
@@ -76,7 +77,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
     n_out = len(traced.output_names)
     n_in = len(traced.input_names)
     for binding in req.p0:
-        n_elem = max(_numel(req.input_shape(s, binding)) for s in req.inputs)
+        n_elem = max(math.prod(req.input_shape(s, binding)) for s in req.inputs)
         for dt in req.dtypes:
             eb = ELEM_BYTES[dt]
             f_eager = eager_cost(traced.forward, numel_of(traced.forward, req, binding), eb)
@@ -101,13 +102,6 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                     row[p]["row_passes"] = getattr(plan, "phases", 0) + 1
             rows.append(row)
     return rows
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _layout_notes(build) -> list[str]:
