@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
 import math
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import BASELINES, COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.errors import InputError
+from opforge.orchestrator.workspace import load_module
 from opforge.request import Request, load_request
 from opforge.verify.inputs import make_tensor
 from opforge.verify.tolerance import parse_dtype
@@ -60,12 +59,7 @@ def _load_impl(req: Request, directory: Path):
 
     path = directory / f"{req.name}_impl.py"
     path.write_text(generate_impl(req, plan_request(req)))
-    name = f"opforge_bench_{req.name}_impl"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, f"opforge_bench_{req.name}_impl")
 
 
 def _op_case(req: Request, binding: dict, dtype, grad_names, device: str) -> OpCase:

@@ -112,10 +112,12 @@ def numel_of(gm, req: Request, binding: dict):
 
     env = shape_env_of(gm)
     subs = graph_binding(gm, req, binding)
+    return lambda node: shape_numel(shape_of(node, env), subs)
 
-    def numel(node) -> int:
-        n = 1
-        for e in shape_of(node, env):
-            n *= int(sympy.sympify(e).xreplace(subs)) if not e.is_number else int(e)
-        return n
-    return numel
+
+def shape_numel(shape, subs: dict) -> int:
+    """Elements of a shape of graph expressions, under sizes for the graph's symbols (`graph_binding`)."""
+    n = 1
+    for d in shape:
+        n *= int(sympy.sympify(d).xreplace(subs))
+    return n

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,3 +67,13 @@ def copy_request(request_dir: Path, dest: Path) -> None:
         if f.is_file() and (f.name == REQUEST_FILE or f.suffix == ".py"):
             shutil.copy2(f, dest / f.name)
 
+
+
+def load_module(path: str | Path, name: str):
+    """Import a generated module (impl, golden) from its file under `name`. It stays in sys.modules: an impl
+    registers torch.library ops, and its kernels must be found by Triton and by pickling."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

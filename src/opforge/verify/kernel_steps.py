@@ -12,7 +12,6 @@ planted in the impl (or made by a model) is found where it is, without a special
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -177,17 +176,10 @@ def source_line(impl_path: str | Path, kernel: str, name: str) -> str | None:
     return None
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
     """Replay one failing case of a workspace and name the kernel step where `output` goes wrong."""
     from opforge.codegen.trace import trace_request
+    from opforge.orchestrator.workspace import load_module
     from opforge.request import load_request
     from opforge.verify.cases import build_inputs, find_case, grad_outputs
 
@@ -195,9 +187,9 @@ def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
     spec = json.loads((ws / "spec.json").read_text())
     case = find_case(json.loads((ws / "design.json").read_text()), case_id)
     op = spec["op_name"]
-    golden = _load(ws / f"{op}_golden.py", f"_{op}_golden_steps")
+    golden = load_module(ws / f"{op}_golden.py", f"_{op}_golden_steps")
     impl_path = (ws / f"{op}_impl.py").resolve()
-    impl = _load(impl_path, f"_{op}_impl_steps")
+    impl = load_module(impl_path, f"_{op}_impl_steps")
     traced = trace_request(load_request(ws / "request"))
     tensors = build_inputs(golden, case, seed)
     attrs = {**golden.ATTRIBUTES, **(case.get("attrs") or {})}

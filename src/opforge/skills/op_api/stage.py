@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import sympy
-
-from opforge.codegen.build import graph_binding, kernels_of, numel_of, plan_request
+from opforge.codegen.build import graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.graph_text import eager_cost
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
@@ -53,16 +51,10 @@ def _chain_bytes(plan, gm, req, binding, eb: int) -> int:
     """What a chain of kernels moves: each kernel reads its inputs and writes its outputs (the handed-over
     float32 values included), so inputs read by several kernels count each time."""
     subs = graph_binding(gm, req, binding)
-
-    def numel(shape) -> int:
-        n = 1
-        for d in shape:
-            n *= int(sympy.sympify(d).xreplace(subs))
-        return n
     total = 0
     for k in plan.kernels:
-        total += sum(numel(a.shape) * (4 if a.name in plan.temps else eb) for a in k.inputs)
-        total += sum(numel(o.shape) * (4 if o.name in plan.temps else eb) for o in k.outputs)
+        total += sum(shape_numel(a.shape, subs) * (4 if a.name in plan.temps else eb) for a in k.inputs)
+        total += sum(shape_numel(o.shape, subs) * (4 if o.name in plan.temps else eb) for o in k.outputs)
     return total
 
 

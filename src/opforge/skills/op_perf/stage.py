@@ -7,7 +7,6 @@ the GPU harness and autotuning plug in at `_time_kernel` and the `perf` record o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -17,7 +16,7 @@ from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
+from opforge.orchestrator.workspace import StageOutcome, Workspace, load_module
 from opforge.request import Request
 from opforge.skills.op_develop.stage import render_readme
 from opforge.verify.tolerance import parse_dtype
@@ -29,11 +28,7 @@ NO_KERNEL_TIMING = ("kernel timing needs an accelerator: on this CPU the fused k
 def _load(ws: Workspace, name: str):
     if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(ws.path(f"{name}.py")):
         return sys.modules[name]  # an impl registers torch.library ops: load it once per process
-    spec = importlib.util.spec_from_file_location(name, ws.path(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ws.path(f"{name}.py"), name)
 
 
 def _case(golden, binding, dtype, grad_names, device) -> OpCase:
