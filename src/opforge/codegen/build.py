@@ -9,6 +9,7 @@ import sympy
 from opforge.codegen.emit import emit_module
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
+from opforge.codegen.symbolic import shape_env_of, shape_of
 from opforge.codegen.trace import TracedOp, trace_request
 from opforge.request import Request
 
@@ -108,8 +109,6 @@ def graph_binding(gm, req: Request, binding: dict) -> dict:
 
 def numel_of(gm, req: Request, binding: dict):
     """A function node -> element count under a shape binding of the request's symbols."""
-    from opforge.codegen.symbolic import shape_env_of, shape_of
-
     env = shape_env_of(gm)
     subs = graph_binding(gm, req, binding)
     return lambda node: shape_numel(shape_of(node, env), subs)

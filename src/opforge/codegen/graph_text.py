@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from opforge.codegen.ops import OP_TABLE, REDUCTION, VIEW, op_name
+from opforge.codegen.symbolic import hint, product, pysrc, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
 
 _MATH = {
@@ -102,8 +103,6 @@ def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict 
     """For each wanted output: exact (only exact ops, no reduction), reduced (a reduction upstream) and
     reduced_extent, the most elements any upstream reduction sums, as Python over the request's symbols
     (the K of the √K tolerance: a row's length for a norm, every element for a loss)."""
-    from opforge.codegen.symbolic import product, pysrc, shape_env_of, shape_of
-
     env = shape_env_of(gm)
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
@@ -141,8 +140,6 @@ def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict 
 
 
 def _hint(expr, env) -> int:
-    from opforge.codegen.symbolic import hint
-
     return hint(expr, env) or 0
 
 
