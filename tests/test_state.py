@@ -225,7 +225,7 @@ _WRITER = textwrap.dedent("""
 def test_atomic_write_survives_sigkill(tmp_path):
     target = tmp_path / "target.json"
     rng = random.Random(1234)
-    deadline = time.monotonic() + 8
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing check
     seen = set()
     for _ in range(10):
         assert time.monotonic() < deadline, "kill rounds took too long"
