@@ -19,6 +19,15 @@ CASES = {
     "reference_raises": (None, "def forward(weight, scale, eps=1e-4, qmin=-128.0, qmax=127.0):\n"
                                "    raise RuntimeError('broken on purpose')\n", "broken on purpose"),
     "bad_range": (lambda d: d["inputs"]["scale"].update(range=[1.0, 0.5]), None, "scale.range"),
+    "index_first": (lambda d: d["inputs"]["weight"].update(dtype="int64"), None, "weight.dtype: the first input"),
+    "index_without_range": (lambda d: d["inputs"]["scale"].update(dtype="int64", range=None, requires_grad=False),
+                            None, "scale.range: an index input needs [low, high)"),
+    "index_range_unknown_size": (lambda d: d["inputs"]["scale"].update(dtype="int64", range=[0, "K"],
+                                                                       requires_grad=False),
+                                 None, "scale.range: 'K' names no size of any input"),
+    "index_with_grad": (lambda d: d["inputs"]["scale"].update(dtype="int64", range=[0, "M"]), None,
+                        "scale.requires_grad: an index input has no gradient"),
+    "edges_on_float": (lambda d: d["inputs"]["scale"].update(edges=[-100]), None, "scale.edges: only index inputs"),
 }
 
 

@@ -21,6 +21,7 @@ from opforge.errors import InputError
 REQUEST_FILE = "request.yaml"
 CATEGORIES = ("elementwise", "reduction", "norm", "activation", "other")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+INDEX_DTYPES = ("int64", "int32")  # class labels and other indices: never differentiated, read exactly
 ATTR_TYPES = {"float": float, "int": int, "bool": bool}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -52,7 +53,13 @@ class InputSpec:
     dtypes: list[str]
     like: str | None = None  # "dtype: like weight": always called with weight's dtype
     requires_grad: bool = False
-    range: tuple[float, float] | None = None  # test inputs drawn uniformly from [low, high]
+    range: tuple | None = None  # test inputs drawn uniformly from [low, high]; [low, high) for indices
+    edges: list[int] = field(default_factory=list)  # index values the edge cases mix in (an ignore_index)
+
+    @property
+    def index(self) -> bool:
+        """An integer input (class labels): drawn from its range, read exactly, no gradient."""
+        return self.dtypes[0] in INDEX_DTYPES
 
 
 @dataclass
@@ -100,6 +107,11 @@ class Request:
 
     def input_shape(self, spec: InputSpec, binding: dict[str, int]) -> tuple[int, ...]:
         return tuple(dim_size(d, binding) for d in spec.shape)
+
+    def input_range(self, spec: InputSpec, binding: dict[str, int]) -> tuple | None:
+        """The declared range under a binding (an index input's bound may be a size such as 'V')."""
+        return None if spec.range is None else tuple(dim_size(v, binding) if isinstance(v, str) else v
+                                                     for v in spec.range)
 
     def load_reference(self) -> Callable:
         return load_function(self.dir / self.reference_file, self.reference_func, f"{REQUEST_FILE}: reference")
@@ -150,6 +162,24 @@ def _dtype_list(value, where: str) -> list[str]:
     return list(items)
 
 
+def _index_range(rng, edges, requires_grad: bool, where: str) -> tuple:
+    """An index input's [low, high): ints, or a shape entry for the bound ('V', the number of classes)."""
+    if requires_grad:
+        raise InputError(f"{where}requires_grad", "an index input has no gradient")
+    if rng is None or len(rng) != 2:
+        raise InputError(f"{where}range", "an index input needs [low, high): e.g. [0, V] for class labels")
+    for v in rng:
+        ok = (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and _PRODUCT.match(v)
+                                                                   and dim_symbols(v))
+        if not ok:
+            raise InputError(f"{where}range", f"{v!r} is neither an int nor a size such as 'V'")
+    if all(isinstance(v, int) for v in rng) and not rng[0] < rng[1]:
+        raise InputError(f"{where}range", "expected [low, high) with low < high")
+    if not all(isinstance(e, int) and not isinstance(e, bool) for e in edges):
+        raise InputError(f"{where}edges", "expected a list of ints (e.g. [-100], an ignore_index)")
+    return tuple(rng)
+
+
 def load_request(request_dir: str | Path) -> Request:
     rdir = Path(request_dir)
     path = rdir / REQUEST_FILE
@@ -194,7 +224,12 @@ def load_request(request_dir: str | Path) -> Request:
                                  f"{d!r} is neither a symbol, a product like 'G*32', nor a positive int")
         dtype = _field(spec, "dtype", where, (str, list))
         like = None
-        if isinstance(dtype, str) and dtype.startswith("like "):
+        if dtype in INDEX_DTYPES:
+            if i == 0:
+                raise InputError(f"{REQUEST_FILE}: {where}dtype", "the first input sets the operator's dtypes and "
+                                                                  "must be floating; put index inputs after it")
+            dtypes = [dtype]
+        elif isinstance(dtype, str) and dtype.startswith("like "):
             like = dtype[5:].strip()
             target = next((s for s in inputs if s.name == like), None)
             if target is None:
@@ -205,15 +240,26 @@ def load_request(request_dir: str | Path) -> Request:
         default_grad = backward and i == 0
         rg = _field(spec, "requires_grad", where, bool, required=False, default=default_grad)
         rng = _field(spec, "range", where, list, required=False, default=None)
-        if rng is not None:
+        edges = _field(spec, "edges", where, list, required=False, default=[])
+        if dtypes[0] in INDEX_DTYPES:
+            rng = _index_range(rng, edges, rg, f"{REQUEST_FILE}: {where}")
+        elif rng is not None:
             if len(rng) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in rng) \
                     or not rng[0] < rng[1]:
                 raise InputError(f"{REQUEST_FILE}: {where}range", "expected [low, high] with low < high")
             rng = (float(rng[0]), float(rng[1]))
-        unknown = sorted(set(spec) - {"shape", "dtype", "requires_grad", "range"})
+        if edges and dtypes[0] not in INDEX_DTYPES:
+            raise InputError(f"{REQUEST_FILE}: {where}edges", f"only index inputs ({', '.join(INDEX_DTYPES)}) "
+                                                             "take edge values")
+        unknown = sorted(set(spec) - {"shape", "dtype", "requires_grad", "range", "edges"})
         if unknown:
             raise InputError(f"{REQUEST_FILE}: {where}{unknown[0]}", "unknown field")
-        inputs.append(InputSpec(str(iname), shape, dtypes, like, rg, rng))
+        inputs.append(InputSpec(str(iname), shape, dtypes, like, rg, rng, list(edges)))
+    symbols = {sym for s in inputs for d in s.shape for sym in dim_symbols(d)}
+    for s in inputs:
+        unknown = [sym for v in (s.range or ()) if isinstance(v, str) for sym in dim_symbols(v) if sym not in symbols]
+        if unknown:
+            raise InputError(f"{REQUEST_FILE}: inputs.{s.name}.range", f"{unknown[0]!r} names no size of any input")
 
     attributes: list[AttrSpec] = []
     for aname, spec in (_field(doc, "attributes", "", dict, required=False, default={}) or {}).items():

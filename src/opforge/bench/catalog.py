@@ -66,7 +66,12 @@ def _op_case(req: Request, binding: dict, dtype, grad_names, device: str) -> OpC
     def make(seed: int):
         out = []
         for k, s in enumerate(req.inputs):
-            shape, low, high = req.input_shape(s, binding), *(s.range or (None, None))
+            shape, low, high = req.input_shape(s, binding), *(req.input_range(s, binding) or (None, None))
+            if s.index:  # class labels: integers from their range, drawn where they are used
+                g = torch.Generator(device=device).manual_seed(seed + 7919 * k)
+                out.append(torch.randint(low, high, shape, generator=g, device=device,
+                                         dtype=getattr(torch, s.dtypes[0])))
+                continue
             if device == "cpu":
                 out.append(make_tensor(shape, dtype, seed=seed + 7919 * k,
                                        distribution="uniform_small" if s.range else "normal", low=low, high=high))

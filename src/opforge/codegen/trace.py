@@ -56,6 +56,12 @@ def example_inputs(req: Request, binding: dict[str, int], dtype=torch.float32, d
     gen = torch.Generator().manual_seed(seed)
     tensors = []
     for spec in req.inputs:
+        if spec.index:  # class labels and the like: integers from their range
+            low, high = req.input_range(spec, binding)
+            shape = req.input_shape(spec, binding)
+            t = torch.randint(low, high, shape, generator=gen, dtype=getattr(torch, spec.dtypes[0]))
+            tensors.append(t.to(device))
+            continue
         t = torch.randn(req.input_shape(spec, binding), generator=gen, dtype=torch.float64)
         # strictly positive values keep references with logs, roots or scales well defined while tracing
         t = t.abs() + 0.5 if spec.shape and all(d == 1 for d in spec.shape) else t
@@ -190,7 +196,8 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
             raise TraceError(where, f"output dtype {o.dtype} is not supported (floating outputs only)")
 
     # which outputs follow the input dtype: run once more on meta tensors in bfloat16
-    meta = [torch.empty(t.shape, dtype=torch.bfloat16, device="meta") for t in tensors]
+    meta = [torch.empty(t.shape, dtype=torch.bfloat16 if t.is_floating_point() else t.dtype, device="meta")
+            for t in tensors]
     meta_outs = run_reference(req, fn, meta, req.attr_defaults)
     first = req.inputs[0].name
     output_like = {n: (first if o.dtype == torch.bfloat16 else None) for n, o in zip(names, meta_outs)}

@@ -86,6 +86,12 @@ def build_inputs(golden, case: dict, seed: int) -> list[torch.Tensor]:
     tensors = []
     made = golden.make_inputs(case["binding"], dtype, seed, case["distribution"])
     for t, spec in zip(made, golden.INPUTS):
+        if spec.get("index_dtype"):
+            if case.get("edges") and spec.get("edges"):  # the declared specials (an ignore_index) at a few places
+                picks = torch.tensor(spec["edges"] * 3, dtype=torch.float64)
+                t = with_edges(t, picks, seed=seed + 2)
+            tensors.append(t)
+            continue
         scalar = all(d == 1 for d in spec["shape"])  # declared (1, 1): a per-tensor scalar
         if scalar and case.get("scalars") == "pow2":
             t = torch.full(t.shape, POW2_SCALAR, dtype=dtype)

@@ -48,6 +48,12 @@ def make_tensor(shape, dtype, *, seed: int, distribution: str = "normal", low=No
     return t.to(dtype)
 
 
+def make_index(shape, dtype, *, seed: int, low: int, high: int) -> torch.Tensor:
+    """Integer inputs (class labels) drawn uniformly from [low, high)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(int(low), int(high), tuple(shape), generator=gen, dtype=dtype)
+
+
 def edge_values(dtype) -> torch.Tensor:
     """±0, exact .5 ties, clamp edges of int8 ranges, the dtype's extreme normals and a subnormal, ±1."""
     info = torch.finfo(dtype)

@@ -18,7 +18,13 @@ from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 
-ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4}
+
+
+def _input_bytes(req: Request, name: str, eb: int) -> int:
+    """Bytes per element of an input: the op's dtype, or an index input's own integer width."""
+    spec = next((s for s in req.inputs if s.name == name), None)
+    return ELEM_BYTES[spec.dtypes[0]] if spec is not None and spec.index else eb
 
 
 def _op_rows(traced) -> list[dict]:
@@ -40,7 +46,9 @@ def _pass_bytes(gm, req, binding, wanted: list[int], n_inputs: int, eb: int) -> 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][:n_inputs]
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
-    return eb * (sum(numel(p) for p in placeholders) + sum(numel(results[i]) for i in wanted))
+    reads = sum(numel(p) * _input_bytes(req, s.name, eb) for p, s in zip(placeholders, req.inputs))
+    reads += eb * sum(numel(p) for p in placeholders[len(req.inputs):])  # upstream gradients
+    return reads + eb * sum(numel(results[i]) for i in wanted)
 
 
 def _kernels(plan) -> int:
@@ -53,7 +61,8 @@ def _chain_bytes(plan, gm, req, binding, eb: int) -> int:
     subs = graph_binding(gm, req, binding)
     total = 0
     for k in plan.kernels:
-        total += sum(shape_numel(a.shape, subs) * (4 if a.name in plan.temps else eb) for a in k.inputs)
+        total += sum(shape_numel(a.shape, subs) * (4 if a.name in plan.temps else _input_bytes(req, a.name, eb))
+                     for a in k.inputs)
         total += sum(shape_numel(o.shape, subs) * (4 if o.name in plan.temps else eb) for o in k.outputs)
     return total
 

@@ -14,8 +14,8 @@ TEMPLATE = Path(__file__).with_name("golden.py.tmpl")
 
 
 def render_golden(req: Request, spec: dict) -> str:
-    inputs = [{"name": s.name, "shape": list(s.shape), **({"range": list(s.range)} if s.range else {})}
-              for s in req.inputs]
+    inputs = [{"name": s.name, "shape": list(s.shape), **({"range": list(s.range)} if s.range else {}),
+               **({"index_dtype": s.dtypes[0], "edges": list(s.edges)} if s.index else {})} for s in req.inputs]
     return TEMPLATE.read_text().format(
         op=req.name, reference=f"{req.reference_file}:{req.reference_func}", ref_file=req.reference_file,
         ref_func=req.reference_func, inputs=inputs, outputs=[o["name"] for o in spec["outputs"]],
