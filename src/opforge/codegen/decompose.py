@@ -24,7 +24,47 @@ DECOMPOSITIONS = get_decompositions([
     aten.softplus, aten.softplus_backward, aten.elu, aten.elu_backward, aten.hardsigmoid,
     aten.hardsigmoid_backward, aten.hardswish, aten.hardswish_backward, aten.mish, aten.mish_backward,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
+    aten.nll_loss_forward, aten.nll_loss_backward,
 ])
+
+
+def _one_hot_last(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(index == column) over the last dimension of x: a gather or scatter of one element per row as a select."""
+    return torch.arange(x.shape[-1], device=x.device) == index
+
+
+def _gather(x, dim, index, sparse_grad=False):
+    """x.gather(-1, index) with one index per row: the row's sum of x where the column is the index. Exact,
+    since every other term is zero, and a row reduction the row planner fuses."""
+    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1:
+        return NotImplemented
+    return torch.where(_one_hot_last(x, index), x, 0.0).sum(-1, keepdim=True)
+
+
+def _scatter_value(x, dim, index, value):
+    """x.scatter(-1, index, value) with one index per row: a select by column."""
+    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1:
+        return NotImplemented
+    return torch.where(_one_hot_last(x, index), value, x)
+
+
+def _scatter_src(x, dim, index, src):
+    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1 or src.shape != index.shape:
+        return NotImplemented
+    return torch.where(_one_hot_last(x, index), src, x)
+
+
+def _scatter_add(x, dim, index, src):
+    """The backward of a gather: src added at each row's index."""
+    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1 or src.shape != index.shape:
+        return NotImplemented
+    return x + torch.where(_one_hot_last(x, index), src, 0.0)
+
+
+DECOMPOSITIONS[aten.gather.default] = _gather
+DECOMPOSITIONS[aten.scatter_add.default] = _scatter_add
+DECOMPOSITIONS[aten.scatter.value] = _scatter_value
+DECOMPOSITIONS[aten.scatter.src] = _scatter_src
 
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from opforge.codegen.ops import CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import _literal
 from opforge.codegen.rows import RowPlan
 from opforge.codegen.symbolic import SYM_OPS, atoms, product, pysrc, shape_env_of, shape_of
@@ -110,9 +110,13 @@ class _Emitter:
             return self.ev(node.args[0], shift, blk)
         if rule.kind == SHIFT:
             return self._shift(node, key, shift, blk)
+        if rule.kind == COLUMN:  # compared with indices loaded as float32: exact below 2**24 columns
+            return f"(cols.to(tl.float32) + 1.0 * ({shift}))" if shift != "0" else "cols.to(tl.float32)"
         if rule.kind in ("reduction",):
             raise RuntimeError(f"reduction {node.name} used before it is finished")
-        args = [self.render(a, shift, blk) for a in node.args]
+        # a constant's tensor argument (zeros_like(x)) only lends its shape: never evaluate it
+        args = [None if rule.kind == CONSTANT and isinstance(a, torch.fx.Node)
+                and isinstance(a.meta.get("val"), torch.Tensor) else self.render(a, shift, blk) for a in node.args]
         kwargs = {k: self.render(v, shift, blk) for k, v in node.kwargs.items() if k not in _KWARGS_DROPPED}
         if key == "aten._to_copy.default":
             kwargs["dtype"] = str(node.kwargs.get("dtype"))

@@ -17,6 +17,7 @@ import torch
 POINTWISE, REDUCTION, VIEW, CONSTANT = "pointwise", "reduction", "view", "constant"
 SHIFT = "shift"  # slices and concatenations along the last dimension: the same rows, other columns
 SYMBOLIC = "symbolic"  # arithmetic on sizes, evaluated from the kernel's size arguments
+COLUMN = "column"  # the column index (arange over the last dimension): gathers and scatters of one element per row
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.zeros_like.default": OpRule(CONSTANT, lambda a, **_: "0.0", True, "literal"),
     "aten.ones_like.default": OpRule(CONSTANT, lambda a, **_: "1.0", True, "literal"),
     "aten.full.default": OpRule(CONSTANT, lambda shape, v, **_: f"{v}", True, "literal"),
+    "aten.new_zeros.default": OpRule(CONSTANT, lambda a, size, **_: "0.0", True, "literal"),
     # views keep the flat element order, so they are free in registers
     "aten.detach.default": OpRule(VIEW, None, True, "(none)"),
     "aten.alias.default": OpRule(VIEW, None, True, "(none)"),
@@ -191,6 +193,9 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.slice.Tensor": OpRule(SHIFT, None, True, "load at a column offset"),
     "aten.cat.default": OpRule(SHIFT, None, True, "tl.where over column ranges"),
     "aten.slice_backward.default": OpRule(SHIFT, None, True, "tl.where over a column range"),
+    # the column index: gather / scatter of one element per row become selects on it (codegen/decompose.py)
+    "aten.arange.default": OpRule(COLUMN, None, True, "tl.arange (the column index)"),
+    "aten.arange.start": OpRule(COLUMN, None, True, "tl.arange (the column index)"),
     # sizes: Python arithmetic on shapes, done on the kernel's integer size arguments
     "aten.sym_size.int": OpRule(SYMBOLIC, None, True, "size argument"),
     "aten.sym_numel.default": OpRule(SYMBOLIC, None, True, "product of size arguments"),

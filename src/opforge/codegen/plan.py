@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from opforge.codegen.ops import CONSTANT, OP_TABLE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.trace import AttrRef
 
 
@@ -137,7 +137,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     if bad:
         raise Unsupported(bad, "no Triton lowering for")
     shaped = [op_name(n.target) for n in graph.nodes
-              if n.op == "call_function" and OP_TABLE[op_name(n.target)].kind in (SHIFT, SYMBOLIC)]
+              if n.op == "call_function" and OP_TABLE[op_name(n.target)].kind in (SHIFT, SYMBOLIC, COLUMN)]
     if shaped:
         raise Unsupported(shaped[:1], "the flat kernel has no column index (slices, sizes): the row kernel")
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]

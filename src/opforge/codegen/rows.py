@@ -29,7 +29,18 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from opforge.codegen.ops import CONSTANT, OP_TABLE, POINTWISE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import (
+    COLUMN,
+    CONSTANT,
+    OP_TABLE,
+    POINTWISE,
+    REDUCE_KIND,
+    REDUCTION,
+    SHIFT,
+    SYMBOLIC,
+    VIEW,
+    op_name,
+)
 from opforge.codegen.plan import OutArg, Unsupported, check_output
 from opforge.codegen.symbolic import hint, product, pysrc, same, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
@@ -292,6 +303,13 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             continue
         if rule.kind == CONSTANT:
             info[node] = Info(False, False, None, 0)
+            continue
+        if rule.kind == COLUMN:  # arange over a row: the column index
+            start = node.args[0] if key == "aten.arange.start" else 0
+            width = shape_of(node, env)[-1]
+            if start != 0 or not any(same(width, e, env) for e in (C, *[i.ext for i in info.values() if i.dc])):
+                raise Unsupported([key], f"{node.name} is not the column index of a row (arange from 0 over it)")
+            info[node] = Info(False, True, width, 0)
             continue
         if rule.kind == VIEW:
             # views keep the flat order, so a value stays at its (row, column); slices and reductions of a
