@@ -74,6 +74,14 @@ def cross_entropy(logits, target):
     return (target * (lse - logits)).sum(-1).mean()
 
 
+def cross_entropy_labels(logits, target, ignore_index=-100):
+    m = logits.max(-1, keepdim=True).values
+    lse = (m + torch.log(torch.exp(logits - m).sum(-1, keepdim=True))).squeeze(-1)
+    counted = target != ignore_index
+    picked = logits.gather(-1, torch.where(counted, target, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(counted, lse - picked, 0.0).sum() / counted.sum()
+
+
 def swiglu(a, b):
     return a / (1 + torch.exp(-a)) * b
 
@@ -108,6 +116,7 @@ CATALOG = {
     "add_rms_norm": (add_rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "softmax": (softmax, [{"N": 3, "V": 5}, {"N": 37, "V": 129}], "row"),
     "cross_entropy": (cross_entropy, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
+    "cross_entropy_labels": (cross_entropy_labels, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
     "swiglu": (swiglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),
     "geglu": (geglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),
     "rope": (rope, [{"B": 1, "H": 2, "S": 3, "D": 4}, {"B": 2, "H": 3, "S": 5, "D": 24}], None),
@@ -136,6 +145,12 @@ def _inputs(req, binding, dtype, gen):
     ins = []
     for spec in req.inputs:
         shape = req.input_shape(spec, binding)
+        if spec.index:  # labels, the first of them ignored
+            lo, hi = req.input_range(spec, binding)
+            t = torch.randint(lo, hi, shape, generator=gen)
+            t.view(-1)[:1] = spec.edges[0] if spec.edges else lo
+            ins.append(t)
+            continue
         lo, hi = spec.range or (-2.0, 2.0)
         ins.append((torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(dtype))
     return ins
@@ -161,7 +176,7 @@ def test_catalog_op_matches_float64(built, name, dtype, looped, monkeypatch):
         ins = _inputs(req, binding, dtype, gen)
         wrt = [s.requires_grad for s in req.inputs]
         got_in = [t.clone().requires_grad_(w) for t, w in zip(ins, wrt)]
-        ref_in = [t.double().requires_grad_(w) for t, w in zip(ins, wrt)]
+        ref_in = [(t.double() if t.is_floating_point() else t).requires_grad_(w) for t, w in zip(ins, wrt)]
         got = getattr(impl, name)(*got_in)
         ref = formula(*ref_in)
         got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))

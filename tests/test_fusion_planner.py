@@ -185,3 +185,51 @@ def test_a_value_needing_finished_reductions_splits_the_pass_and_says_why(tmp_pa
     assert b.forward.temps and all(t.startswith("forward") for t in b.forward.temps)
     src = generate_impl(req, b)
     assert src.count("@triton.jit\ndef _bn_forward") == 3
+
+
+# integer labels (x: (N, V) logits, t: (N,) labels in [0, V)): one element per row gathered or scattered
+LABELLED = {
+    "label_smoothing_ce": "return torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1)",
+    "nll_sum_of_log_softmax": "return torch.nn.functional.nll_loss(torch.log_softmax(x, -1), t, reduction='sum')",
+    "picked_margin": "return torch.exp(x.gather(-1, t.unsqueeze(-1)) - x.amax(-1, keepdim=True))",
+    "one_hot_mask": "return x * torch.zeros_like(x).scatter(-1, t.unsqueeze(-1), 2.0)",
+}
+
+
+def write_labelled(root: Path, name: str, body: str, label_dim: str = "N") -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "reference.py").write_text(f"import torch\n\n\ndef forward(x, t):\n    {body}\n")
+    doc = {"name": name, "description": f"{name} over integer labels", "category": "other",
+           "inputs": {"x": {"shape": ["N", "V"], "dtype": ["float32", "bfloat16"]},
+                      "t": {"shape": [label_dim], "dtype": "int64", "range": [0, "V" if label_dim == "N" else "N"]}},
+           "reference": "reference.py:forward", "backward": True, "shapes": {"p0": [{"N": 5, "V": 7}]}}
+    (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+@pytest.mark.parametrize("name", list(LABELLED))
+def test_labelled_composition_builds_and_matches_float64(tmp_path, name):
+    req = load_request(write_labelled(tmp_path, name, LABELLED[name]))
+    impl = load_impl(tmp_path / f"{name}_labelled_impl.py", generate_impl(req, plan_request(req)))
+    ref = req.load_reference()
+    gen = torch.Generator().manual_seed(11)
+    for n, v in ((5, 7), (9, 300)):
+        for dtype, rtol in ((torch.float32, 2e-5), (torch.bfloat16, 2e-2)):
+            x = torch.randn(n, v, generator=gen, dtype=torch.float64).to(dtype)
+            t = torch.randint(0, v, (n,), generator=gen)
+            got_x, ref_x = x.clone().requires_grad_(), x.double().requires_grad_()
+            got, want = getattr(impl, name)(got_x, t), ref(ref_x, t)
+            g = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+            for a, b in zip((got, *torch.autograd.grad(got, got_x, g.to(dtype))),
+                            (want, *torch.autograd.grad(want, ref_x, g))):
+                assert a.shape == b.shape and a.dtype == dtype
+                scale = float(b.abs().max()) if b.numel() else 1.0
+                torch.testing.assert_close(a.double(), b, rtol=rtol, atol=rtol * scale)
+
+
+def test_gather_along_another_dimension_is_refused_by_name(tmp_path):
+    d = write_labelled(tmp_path, "column_gather", "return x.gather(0, t.unsqueeze(0))", label_dim="V")
+    with pytest.raises(Unsupported) as exc:
+        plan_request(load_request(d))
+    assert "aten.gather.default" in str(exc.value)
