@@ -28,35 +28,40 @@ DECOMPOSITIONS = get_decompositions([
 ])
 
 
+def _one_per_row(x, dim, index, src=None) -> bool:
+    """An index of one element per row along the last dimension (and a source shaped like it)."""
+    last = dim % x.dim() == x.dim() - 1 and index.dim() == x.dim() and index.shape[-1] == 1
+    return last and (src is None or src.shape == index.shape)
+
+
 def _one_hot_last(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """(index == column) over the last dimension of x: a gather or scatter of one element per row as a select."""
     return torch.arange(x.shape[-1], device=x.device) == index
 
 
 def _gather(x, dim, index, sparse_grad=False):
-    """x.gather(-1, index) with one index per row: the row's sum of x where the column is the index. Exact,
-    since every other term is zero, and a row reduction the row planner fuses."""
-    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1:
+    """x.gather(-1, index): the row's sum of x where the column is the index. Exact, since every other term
+    is zero, and a row reduction the row planner fuses."""
+    if not _one_per_row(x, dim, index):
         return NotImplemented
     return torch.where(_one_hot_last(x, index), x, 0.0).sum(-1, keepdim=True)
 
 
 def _scatter_value(x, dim, index, value):
-    """x.scatter(-1, index, value) with one index per row: a select by column."""
-    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1:
+    if not _one_per_row(x, dim, index):
         return NotImplemented
     return torch.where(_one_hot_last(x, index), value, x)
 
 
 def _scatter_src(x, dim, index, src):
-    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1 or src.shape != index.shape:
+    if not _one_per_row(x, dim, index, src):
         return NotImplemented
     return torch.where(_one_hot_last(x, index), src, x)
 
 
 def _scatter_add(x, dim, index, src):
     """The backward of a gather: src added at each row's index."""
-    if dim % x.dim() != x.dim() - 1 or index.dim() != x.dim() or index.shape[-1] != 1 or src.shape != index.shape:
+    if not _one_per_row(x, dim, index, src):
         return NotImplemented
     return x + torch.where(_one_hot_last(x, index), src, 0.0)
 
