@@ -193,3 +193,15 @@ def test_catalog_op_matches_float64(built, name, dtype, looped, monkeypatch):
             assert a.dtype == dtype and a.shape == b.shape, (n, a.dtype, a.shape, b.shape)
             res = compare(a, b, tol, name=n)
             assert res["passed"], f"{name} {dtype} {binding} {n}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
+def test_looped_softmax_takes_max_and_sum_in_one_walk_and_keeps_torch_nonfinite_rows(built, monkeypatch):
+    req, impl, _ = built["softmax"]
+    fwd = plan_request(req).forward
+    assert fwd.phases == 2 and fwd.walks == 2  # max and sum(exp) share a walk (online), then the stores
+    monkeypatch.setattr(impl, "MAX_BLOCK_C", 4)
+    x = torch.randn(6, 13, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 30
+    x[1, 3], x[2, 5], x[3, :], x[4, 7], x[5, :6] = math.nan, math.inf, -math.inf, -math.inf, -math.inf
+    got, want = impl.softmax(x.float()).double(), torch.softmax(x, -1)
+    assert torch.equal(got.isnan(), want.isnan())  # a NaN, a +inf, an all -inf row: NaN rows, as torch
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-5, atol=1e-7)

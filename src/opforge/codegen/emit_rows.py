@@ -211,16 +211,22 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         blocks.append(body)
         blocks.append(after)
 
-    # phases: the row reductions of depth k
+    # phases: the row reductions of depth k (walked: a sum of exp(a - max a) rides with its max, online)
+    riders = {r.online for r in plan.row_reductions if r.online} if not persistent else set()
     for k in range(plan.phases):
+        todo = [r for r in plan.row_reductions
+                if (plan.info[r.source].level if persistent else plan.phase_of(r)) == k]
+        if not todo and not persistent:
+            continue
         if not persistent:
             e.pre = _Block(ind, False)
             blocks.append(e.pre)
         body = one or _Block(ind + 1, True)
         inits, after = [], []
-        for r in plan.row_reductions:
+        for r in todo:
             si = plan.info[r.source]
-            if si.level != k:
+            if r.online and not persistent:
+                _online_sum(e, plan, r, body, inits, after, pad)
                 continue
             mask, v = _mask(e, si), e.ev(r.source, "0", body)
             if r.kind == "mean":  # sum x / n, not (sum x) / n: a row of huge values must not overflow its sum
@@ -240,6 +246,8 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
                     body.add(f"{r.name}_acc = {where}")
                 else:
                     inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), {_IDENTITY[r.kind]}, tl.float32)")
+                    if r.name in riders:
+                        body.add(f"{r.name}_prev = {r.name}_acc")
                     body.add(f"{r.name}_acc = tl.where({mask} & (({v} {cmp} {r.name}_acc) | ({v} != {v})), {v}, "
                              f"{r.name}_acc)  # NaN wins, as in torch")
                 lines = [f"{r.name} = {fn}({r.name}_acc, axis=1)[:, None]  # {op_name(r.node.target)}",
@@ -315,6 +323,20 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
     return e, blocks
 
 
+def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, pad: str) -> None:
+    """sum(exp(a - m)) in the walk that finds m = max(a): each column's running sum is rescaled by
+    exp(old max - new max) as its max grows, and the columns meet at the row's max after the walk. A column
+    that has seen nothing (max still -inf) adds nothing; NaN and +inf propagate as in the two-walk form."""
+    m = next(x for x in plan.row_reductions if x.name == r.online)
+    v, mask, ninf = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), "-float('inf')"
+    inits.append(f"{pad}{r.name}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
+    body.add(f"{r.name}_acc = {r.name}_acc * tl.where({m.name}_acc == {ninf}, 1.0, tl.exp({m.name}_prev - "
+             f"{m.name}_acc)) + tl.where({mask} & ({m.name}_acc != {ninf}), tl.exp({v} - {m.name}_acc), 0.0)")
+    after.append(f"{pad}{r.name} = tl.sum(tl.where({m.name}_acc == {ninf}, 0.0, {r.name}_acc * tl.exp({m.name}_acc - "
+                 f"{m.name})), axis=1)[:, None]  # {op_name(r.node.target)}: online, with {m.name}")
+    e.rowvals[r.node] = r.name
+
+
 def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     cross = bool(plan.full_reductions or plan.col_reductions)
     params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs]
@@ -331,7 +353,7 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
              f'    """{plan.name}: reads {reads}; writes {writes}.',
              "",
              f"    {plan.phases} row reduction phase(s). PERSISTENT (a row fits one chunk): each input is read once",
-             f"    and reduced in registers. Otherwise each phase walks the row in chunks ({plan.phases + 1} walks).",
+             f"    and reduced in registers. Otherwise each phase walks the row in chunks ({plan.walks} walks).",
              '    """',
              f"    n_rows = {plan.n_rows}",
              f"    n_cols = {plan.n_cols}",

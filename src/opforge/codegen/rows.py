@@ -88,6 +88,7 @@ class RowReduction:
     source: torch.fx.Node
     count: str  # elements reduced per result, for mean
     slot: int = 0  # index among the kernel's col or full reductions
+    online: str | None = None  # sum(exp(a - max a)): the max it rides with in one walk (online softmax)
 
     @property
     def name(self) -> str:
@@ -118,6 +119,17 @@ class RowPlan:
     @property
     def reduce_kinds(self) -> list[str]:
         return sorted({"sum" if r.kind == "mean" else r.kind for r in self.reductions if r.axis == "full"})
+
+    def phase_of(self, r: RowReduction) -> int:
+        """The walk that reduces `r` when rows are walked in chunks: its source's depth, or its max's."""
+        if r.online:
+            return self.info[next(m for m in self.reductions if m.name == r.online).source].level
+        return self.info[r.source].level
+
+    @property
+    def walks(self) -> int:
+        """Walks over a row that does not fit one chunk: one per phase that reduces something, then the last."""
+        return len({self.phase_of(r) for r in self.row_reductions}) + 1
 
     @property
     def full_reductions(self) -> list[RowReduction]:
@@ -387,8 +399,34 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
                 if isinstance(x, AttrRef) and x.name not in attrs:
                     attrs.append(x.name)
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
+    _pair_online(reductions)
     return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
                    pysrc(C, sym_names), sym_names, phases, counts, eager, input_names=list(input_names))
+
+
+def _unviewed(n):
+    while isinstance(n, torch.fx.Node) and n.op == "call_function" and OP_TABLE[op_name(n.target)].kind == VIEW:
+        n = n.args[0]
+    return n
+
+
+def _pair_online(reductions: list[RowReduction]) -> None:
+    """Mark each row sum of exp(a - max(a)) with its max: a looped row then accumulates both in one walk,
+    rescaling the running sum by exp(old max - new max) (online softmax), instead of a walk for each."""
+    maxes = {r.node: r for r in reductions if r.axis == "row" and r.kind == "max"}
+    for r in reductions:
+        if r.axis != "row" or r.kind != "sum":
+            continue
+        e = _unviewed(r.source)
+        if not (e.op == "call_function" and op_name(e.target) == "aten.exp.default"):
+            continue
+        t = _unviewed(e.args[0])
+        if not (t.op == "call_function" and op_name(t.target) == "aten.sub.Tensor" and len(t.args) == 2
+                and isinstance(t.args[1], torch.fx.Node)):
+            continue
+        m = maxes.get(_unviewed(t.args[1]))
+        if m is not None and _unviewed(m.source) is _unviewed(t.args[0]):
+            r.online = m.name
 
 
 def _hint_numel(node, env) -> int:

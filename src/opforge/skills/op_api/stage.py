@@ -100,7 +100,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                 if p in row:
                     row[p]["arithmetic_intensity"] = round(row[p]["flops"] / max(1, row[p]["fused_bytes"]), 3)
                     plan = build.forward if p == "forward" else build.backward
-                    row[p]["row_passes"] = getattr(plan, "phases", 0) + 1
+                    row[p]["row_passes"] = sum(getattr(k, "walks", 1) for k in kernels_of(plan))
             rows.append(row)
     return rows
 

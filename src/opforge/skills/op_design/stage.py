@@ -47,8 +47,10 @@ def _row_summary(plan: RowPlan) -> dict:
                    for o in plan.outputs],
         "statements": len(plan.body),
         "row_phases": plan.phases,
+        "looped_walks": plan.walks,
         "reductions": [{"name": r.name, "kind": r.kind, "axis": r.axis, "of": r.source.name,
-                        "elements": r.count} for r in plan.reductions],
+                        "elements": r.count, **({"online_with": r.online} if r.online else {})}
+                       for r in plan.reductions],
         "epilogue_statements": len(plan.epilogue),
         "runtime_attributes": plan.attrs,
         "eager_kernels_replaced": plan.eager_kernels,
@@ -77,6 +79,11 @@ def _kernel_md(plan) -> list[str]:
                          f"waits for the next phase): {'; '.join(by_axis['row'])}. A row that fits one chunk is "
                          "reduced in registers from one load; a longer one is walked once per phase, the values "
                          "recomputed from the inputs chunk by chunk instead of being stored;")
+            online = [f"{r['name']} with {r['online_with']}" for r in s["reductions"] if r.get("online_with")]
+            if online:
+                lines.append(f"- online softmax: {', '.join(online)} — a sum of exp(a − max a) is accumulated in the "
+                             "walk that finds the max, each column's running sum rescaled by exp(old max − new max), "
+                             f"so a looped row takes {s['looped_walks']} walks instead of {s['row_phases'] + 1};")
         if by_axis.get("col"):
             lines.append(f"- column reductions: {'; '.join(by_axis['col'])}. Each program sums its rows per column; "
                          "the sums meet in float32 accumulators (atomics) or, deterministic, in per-program partials "
