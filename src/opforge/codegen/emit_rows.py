@@ -353,7 +353,7 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
              f'    """{plan.name}: reads {reads}; writes {writes}.',
              "",
              f"    {plan.phases} row reduction phase(s). PERSISTENT (a row fits one chunk): each input is read once",
-             f"    and reduced in registers. Otherwise each phase walks the row in chunks ({plan.walks} walks).",
+             f"    and reduced in registers. Otherwise the row is walked in chunks, {plan.walks} time(s).",
              '    """',
              f"    n_rows = {plan.n_rows}",
              f"    n_cols = {plan.n_cols}",

@@ -128,8 +128,11 @@ class RowPlan:
 
     @property
     def walks(self) -> int:
-        """Walks over a row that does not fit one chunk: one per phase that reduces something, then the last."""
-        return len({self.phase_of(r) for r in self.row_reductions}) + 1
+        """Walks over a row that does not fit one chunk: one per phase that reduces something, then the last
+        one if it has tiles to store or to reduce down the columns or in full."""
+        last = any(o.store == "full" for o in self.outputs) or bool(self.col_reductions) or \
+            any(self.info[r.source].dc for r in self.full_reductions)
+        return len({self.phase_of(r) for r in self.row_reductions}) + int(last)
 
     @property
     def full_reductions(self) -> list[RowReduction]:

@@ -83,7 +83,7 @@ def _kernel_md(plan) -> list[str]:
             if online:
                 lines.append(f"- online softmax: {', '.join(online)} — a sum of exp(a − max a) is accumulated in the "
                              "walk that finds the max, each column's running sum rescaled by exp(old max − new max), "
-                             f"so a looped row takes {s['looped_walks']} walks instead of {s['row_phases'] + 1};")
+                             f"so a looped row is walked {s['looped_walks']} time(s), one fewer per pair;")
         if by_axis.get("col"):
             lines.append(f"- column reductions: {'; '.join(by_axis['col'])}. Each program sums its rows per column; "
                          "the sums meet in float32 accumulators (atomics) or, deterministic, in per-program partials "
