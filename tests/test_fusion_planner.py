@@ -181,6 +181,9 @@ def test_a_value_needing_finished_reductions_splits_the_pass_and_says_why(tmp_pa
     req = load_request(write_request(tmp_path, "bn", inputs, attrs, body, bindings))
     b = plan_request(req)
     assert len(b.forward.kernels) == 3  # column means, then column variances around them, then the output
+    # backward: means, variances, then every column sum at once (the one that is scaled by another's result
+    # is summed unscaled and scaled after), then grad_x
+    assert len(b.backward.kernels) == 4
     assert all("needs a finished column or full reduction" in w for w in b.forward.why)
     assert b.forward.temps and all(t.startswith("forward") for t in b.forward.temps)
     src = generate_impl(req, b)

@@ -168,3 +168,92 @@ def rewrite_inplace(gm: torch.fx.GraphModule) -> None:
         node.target = pure
     gm.graph.lint()
     gm.recompile()
+
+
+_REDUCTIONS = (aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+               aten.amin.default)
+
+
+def factor_column_sums(gm: torch.fx.GraphModule) -> None:
+    """sum over leading dims of (f · t), f constant along them and computed from an earlier reduction, becomes
+    f · sum(t), in place (so for neg and a scalar factor). Then the sum no longer waits for f: a batch norm's
+    backward sums everything it needs in one kernel instead of finishing f in one and summing in the next.
+    Sums along the last dimension are left as traced: they never split a kernel."""
+    graph = gm.graph
+    _sink_expands(graph)
+    reduced: set = set()  # values computed from a reduction
+    for node in graph.nodes:
+        if node.op == "call_function" and (node.target in _REDUCTIONS or
+                                           any(a in reduced for a in node.all_input_nodes)):
+            reduced.add(node)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.sum.dim_IntList:
+            continue
+        src, rank = node.args[0], node.args[0].meta["val"].dim()
+        dims = sorted(d % rank for d in node.args[1]) if rank else []
+        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        if not dims or rank - 1 in dims:
+            continue
+        outer, factor, inner = [], None, src  # sum(outer(factor · inner)) with outer a chain of neg / · scalar
+        while inner.op == "call_function":
+            if inner.target in (aten.neg.default, aten.mul.Scalar):
+                outer.append(inner)
+                inner = inner.args[0]
+                continue
+            if inner.target == aten.mul.Tensor and all(isinstance(a, torch.fx.Node) for a in inner.args[:2]):
+                for f, t in (inner.args[:2], inner.args[1::-1]):
+                    f = f.args[0] if f.target == aten.expand.default else f  # a broadcast factor, unexpanded
+                    shape = [1] * (rank - f.meta["val"].dim()) + list(f.meta["val"].shape)
+                    if f in reduced and all(shape[d] == 1 for d in dims):
+                        factor, inner = f, t
+                        break
+            break
+        if factor is None:
+            continue
+        mode = detect_fake_mode([src.meta["val"]])
+
+        def add(target, args, before=node):
+            with graph.inserting_before(before):
+                new = graph.call_function(target, args)
+            with mode:
+                new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
+            return new
+
+        value = add(aten.mul.Tensor, (factor, add(aten.sum.dim_IntList, (inner, dims, True))))
+        for op in reversed(outer):
+            value = add(op.target, (value, *op.args[1:]))
+        if not keep:
+            value = add(aten.squeeze.dims, (value, dims))
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+_SCALAR_ARITH = (aten.div.Scalar, aten.mul.Scalar, aten.add.Scalar, aten.sub.Scalar, aten.neg.default)
+
+
+def _sink_expands(graph: torch.fx.Graph) -> None:
+    """op(expand(x), scalar) becomes expand(op(x, scalar)): the mean's backward divides after expanding, which
+    would hide that the quotient is one value per column."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SCALAR_ARITH:
+            continue
+        src = node.args[0]
+        if not (isinstance(src, torch.fx.Node) and src.target == aten.expand.default) or \
+                any(isinstance(_val(a), torch.Tensor) for a in node.args[1:]):
+            continue
+        mode = detect_fake_mode([src.meta["val"]])
+        with graph.inserting_before(node):
+            op = graph.call_function(node.target, (src.args[0], *node.args[1:]))
+            wide = graph.call_function(aten.expand.default, (op, src.args[1]))
+        with mode:
+            op.meta["val"] = node.target(src.args[0].meta["val"], *[_val(a) for a in node.args[1:]])
+            wide.meta["val"] = aten.expand.default(op.meta["val"], [_val(d) for d in src.args[1]])
+        node.replace_all_uses_with(wide)
+        graph.erase_node(node)
+
+
+def _val(d):
+    return d.meta["val"] if isinstance(d, torch.fx.Node) else d

@@ -572,8 +572,15 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
     except NeedsSecondPass as exc:
         if depth >= MAX_CHAIN_DEPTH:
             raise Unsupported(exc.ops, f"{exc.why}, {MAX_CHAIN_DEPTH} splits deep") from None
-        # hand over first what needs no other handed-over value; the rest follows in a later split
-        ready = [i for i, c in enumerate(exc.cut) if not (_ancestors(c) & (set(exc.cut) - {c}))]
+        # hand over every cut at once when one kernel can finish them all (a batch norm's column sums feed
+        # each other only through finished values); otherwise first what needs no other handed-over value,
+        # and the rest follows in a later split
+        ready = list(range(len(exc.cut)))
+        try:
+            plan_rows(f"{name}_a", with_outputs(gm, exc.cut), input_names,
+                      [(f"{name}_r{i}", i) for i in ready], {}, sym_names)
+        except Unsupported:
+            ready = [i for i, c in enumerate(exc.cut) if not (_ancestors(c) & (set(exc.cut) - {c}))]
         exc.cut, exc.kinds = [exc.cut[i] for i in ready], [exc.kinds[i] for i in ready]
         reason = "; ".join(exc.whys[i] for i in ready)
         temps = [f"{name}_r{i}" for i in range(len(exc.cut))]

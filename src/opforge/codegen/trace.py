@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from opforge.codegen.decompose import DECOMPOSITIONS, rewrite_inplace, rewrite_variance
+from opforge.codegen.decompose import DECOMPOSITIONS, factor_column_sums, rewrite_inplace, rewrite_variance
 from opforge.errors import InputError
 from opforge.request import Request
 
@@ -216,5 +216,6 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
         if gm is not None:
             rewrite_variance(gm)
             rewrite_inplace(gm)
+            factor_column_sums(gm)
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
                     binding)
