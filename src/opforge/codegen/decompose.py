@@ -8,6 +8,7 @@ prims that carry no ATen schema, and this two-level form is the numerically safe
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -107,14 +108,9 @@ def rewrite_variance(gm: torch.fx.GraphModule) -> None:
         keepdim = node.kwargs.get("keepdim", False)
         xv = x.meta["val"]
         dims = list(range(xv.dim())) if dims is None else list(dims)
-        mode = detect_fake_mode([xv])
 
         def add(target, args, node=node):
-            with graph.inserting_before(node):
-                new = graph.call_function(target, args)
-            with mode:
-                new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
-            return new
+            return _insert(graph, node, target, args)
 
         mean_k = add(aten.mean.dim, (x, dims, True))
         diff = add(aten.sub.Tensor, (x, mean_k))
@@ -210,14 +206,9 @@ def factor_column_sums(gm: torch.fx.GraphModule) -> None:
             break
         if factor is None:
             continue
-        mode = detect_fake_mode([src.meta["val"]])
 
-        def add(target, args, before=node):
-            with graph.inserting_before(before):
-                new = graph.call_function(target, args)
-            with mode:
-                new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
-            return new
+        def add(target, args, node=node):
+            return _insert(graph, node, target, args)
 
         value = add(aten.mul.Tensor, (factor, add(aten.sum.dim_IntList, (inner, dims, True))))
         for op in reversed(outer):
@@ -244,16 +235,23 @@ def _sink_expands(graph: torch.fx.Graph) -> None:
         if not (isinstance(src, torch.fx.Node) and src.target == aten.expand.default) or \
                 any(isinstance(_val(a), torch.Tensor) for a in node.args[1:]):
             continue
-        mode = detect_fake_mode([src.meta["val"]])
-        with graph.inserting_before(node):
-            op = graph.call_function(node.target, (src.args[0], *node.args[1:]))
-            wide = graph.call_function(aten.expand.default, (op, src.args[1]))
-        with mode:
-            op.meta["val"] = node.target(src.args[0].meta["val"], *[_val(a) for a in node.args[1:]])
-            wide.meta["val"] = aten.expand.default(op.meta["val"], [_val(d) for d in src.args[1]])
-        node.replace_all_uses_with(wide)
+        op = _insert(graph, node, node.target, (src.args[0], *node.args[1:]))
+        node.replace_all_uses_with(_insert(graph, node, aten.expand.default, (op, src.args[1])))
         graph.erase_node(node)
 
 
-def _val(d):
-    return d.meta["val"] if isinstance(d, torch.fx.Node) else d
+def _val(a):
+    """A node's (fake) value; lists of sizes element by element."""
+    if isinstance(a, (list, tuple)):
+        return type(a)(_val(x) for x in a)
+    return a.meta["val"] if isinstance(a, torch.fx.Node) else a
+
+
+def _insert(graph: torch.fx.Graph, before, target, args) -> torch.fx.Node:
+    """A new node computing target(*args) before `before`, with its fake value for the planners."""
+    with graph.inserting_before(before):
+        new = graph.call_function(target, args)
+    vals = [_val(a) for a in args]
+    with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or contextlib.nullcontext():  # sizes
+        new.meta["val"] = target(*vals)
+    return new
