@@ -212,7 +212,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         blocks.append(after)
 
     # phases: the row reductions of depth k (walked: a sum of exp(a - max a) rides with its max, online)
-    riders = {r.online for r in plan.row_reductions if r.online} if not persistent else set()
+    riders = {r.online.name for r in plan.row_reductions if r.online} if not persistent else set()
     for k in range(plan.phases):
         todo = [r for r in plan.row_reductions
                 if (plan.info[r.source].level if persistent else plan.phase_of(r)) == k]
@@ -327,7 +327,7 @@ def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, p
     """sum(exp(a - m)) in the walk that finds m = max(a): each column's running sum is rescaled by
     exp(old max - new max) as its max grows, and the columns meet at the row's max after the walk. A column
     that has seen nothing (max still -inf) adds nothing; NaN and +inf propagate as in the two-walk form."""
-    m = next(x for x in plan.row_reductions if x.name == r.online)
+    m = r.online
     v, mask, ninf = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), "-float('inf')"
     inits.append(f"{pad}{r.name}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
     body.add(f"{r.name}_acc = {r.name}_acc * tl.where({m.name}_acc == {ninf}, 1.0, tl.exp({m.name}_prev - "

@@ -88,7 +88,7 @@ class RowReduction:
     source: torch.fx.Node
     count: str  # elements reduced per result, for mean
     slot: int = 0  # index among the kernel's col or full reductions
-    online: str | None = None  # sum(exp(a - max a)): the max it rides with in one walk (online softmax)
+    online: RowReduction | None = None  # sum(exp(a - max a)): the max it rides with in one walk (online softmax)
 
     @property
     def name(self) -> str:
@@ -122,9 +122,7 @@ class RowPlan:
 
     def phase_of(self, r: RowReduction) -> int:
         """The walk that reduces `r` when rows are walked in chunks: its source's depth, or its max's."""
-        if r.online:
-            return self.info[next(m for m in self.reductions if m.name == r.online).source].level
-        return self.info[r.source].level
+        return self.info[(r.online or r).source].level
 
     @property
     def walks(self) -> int:
@@ -429,7 +427,7 @@ def _pair_online(reductions: list[RowReduction]) -> None:
             continue
         m = maxes.get(_unviewed(t.args[1]))
         if m is not None and _unviewed(m.source) is _unviewed(t.args[0]):
-            r.online = m.name
+            r.online = m
 
 
 def _hint_numel(node, env) -> int:

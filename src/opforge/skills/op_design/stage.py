@@ -49,7 +49,7 @@ def _row_summary(plan: RowPlan) -> dict:
         "row_phases": plan.phases,
         "looped_walks": plan.walks,
         "reductions": [{"name": r.name, "kind": r.kind, "axis": r.axis, "of": r.source.name,
-                        "elements": r.count, **({"online_with": r.online} if r.online else {})}
+                        "elements": r.count, **({"online_with": r.online.name} if r.online else {})}
                        for r in plan.reductions],
         "epilogue_statements": len(plan.epilogue),
         "runtime_attributes": plan.attrs,
