@@ -573,17 +573,18 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
         # hand over every cut at once when one kernel can finish them all (a batch norm's column sums feed
         # each other only through finished values); otherwise first what needs no other handed-over value,
         # and the rest follows in a later split
-        ready = list(range(len(exc.cut)))
+        ready, first = list(range(len(exc.cut))), None
         try:
-            plan_rows(f"{name}_a", with_outputs(gm, exc.cut), input_names,
-                      [(f"{name}_r{i}", i) for i in ready], {}, sym_names)
+            first = plan_rows(f"{name}_a", with_outputs(gm, exc.cut), input_names,
+                              [(f"{name}_r{i}", i) for i in ready], {}, sym_names)
         except Unsupported:
             ready = [i for i, c in enumerate(exc.cut) if not (_ancestors(c) & (set(exc.cut) - {c}))]
         exc.cut, exc.kinds = [exc.cut[i] for i in ready], [exc.kinds[i] for i in ready]
         reason = "; ".join(exc.whys[i] for i in ready)
         temps = [f"{name}_r{i}" for i in range(len(exc.cut))]
-        first = plan_chain(f"{name}_a", with_outputs(gm, exc.cut), input_names, list(zip(temps, range(len(temps)))),
-                           {}, sym_names, depth + 1)
+        if first is None:  # the ready cuts may need splits of their own
+            first = plan_chain(f"{name}_a", with_outputs(gm, exc.cut), input_names,
+                               list(zip(temps, range(len(temps)))), {}, sym_names, depth + 1)
         last_k = first.kernels[-1] if isinstance(first, ChainPlan) else first
         for o, kind in zip(last_k.outputs, exc.kinds):  # allocated as handed over, not at the broadcast shape
             o.shape = _handed_shape(o.shape, kind)
