@@ -15,6 +15,8 @@ import torch
 from torch._decomp import get_decompositions
 from torch._guards import detect_fake_mode
 
+from opforge.codegen.ops import REDUCE_KIND, op_name
+
 aten = torch.ops.aten
 
 DECOMPOSITIONS = get_decompositions([
@@ -48,16 +50,11 @@ def _gather(x, dim, index, sparse_grad=False):
     return torch.where(_one_hot_last(x, index), x, 0.0).sum(-1, keepdim=True)
 
 
-def _scatter_value(x, dim, index, value):
-    if not _one_per_row(x, dim, index):
+def _scatter(x, dim, index, value):
+    """x.scatter(-1, index, value) of a scalar, or of a source shaped like the index: a select by column."""
+    if not _one_per_row(x, dim, index, value if isinstance(value, torch.Tensor) else None):
         return NotImplemented
     return torch.where(_one_hot_last(x, index), value, x)
-
-
-def _scatter_src(x, dim, index, src):
-    if not _one_per_row(x, dim, index, src):
-        return NotImplemented
-    return torch.where(_one_hot_last(x, index), src, x)
 
 
 def _scatter_add(x, dim, index, src):
@@ -69,8 +66,8 @@ def _scatter_add(x, dim, index, src):
 
 DECOMPOSITIONS[aten.gather.default] = _gather
 DECOMPOSITIONS[aten.scatter_add.default] = _scatter_add
-DECOMPOSITIONS[aten.scatter.value] = _scatter_value
-DECOMPOSITIONS[aten.scatter.src] = _scatter_src
+DECOMPOSITIONS[aten.scatter.value] = _scatter
+DECOMPOSITIONS[aten.scatter.src] = _scatter
 
 
 
@@ -166,10 +163,6 @@ def rewrite_inplace(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-_REDUCTIONS = (aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
-               aten.amin.default)
-
-
 def factor_column_sums(gm: torch.fx.GraphModule) -> None:
     """sum over leading dims of (f · t), f constant along them and computed from an earlier reduction, becomes
     f · sum(t), in place (so for neg and a scalar factor). Then the sum no longer waits for f: a batch norm's
@@ -179,7 +172,7 @@ def factor_column_sums(gm: torch.fx.GraphModule) -> None:
     _sink_expands(graph)
     reduced: set = set()  # values computed from a reduction
     for node in graph.nodes:
-        if node.op == "call_function" and (node.target in _REDUCTIONS or
+        if node.op == "call_function" and (op_name(node.target) in REDUCE_KIND or
                                            any(a in reduced for a in node.all_input_nodes)):
             reduced.add(node)
     for node in list(graph.nodes):
