@@ -5,7 +5,6 @@ mechanics are checked)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from opforge.bench.opbench import OpCase, bench_case, figures
 from opforge.bench.tuning import apply_config, autotune, current_config, write_back
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.trace import trace_request
+from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
 from opforge.skills.op_api.stage import cost_model
 from opforge.verify.inputs import make_tensor
@@ -29,10 +29,7 @@ def rms(tmp_path_factory):
     req = load_request(EXAMPLES / "rms_norm")
     path = tmp_path_factory.mktemp("impl") / "rms_norm_impl.py"
     path.write_text(generate_impl(req, plan_request(req)))
-    spec = importlib.util.spec_from_file_location("bench_rms_norm_impl", path)
-    impl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(impl)
-    return req, impl, path
+    return req, load_module(path, "bench_rms_norm_impl"), path
 
 
 def _case(req):

@@ -9,15 +9,14 @@ Shapes are small and not block multiples; a second run forces rows to be walked 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from opforge.codegen.build import generate_impl, plan_request
+from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
 from opforge.verify.metrics import compare
 from opforge.verify.tolerance import Tolerance, tolerance_for
@@ -133,11 +132,7 @@ def built(tmp_path_factory):
         req = load_request(EXAMPLES / name)
         path = d / f"{name}_impl_under_test.py"
         path.write_text(generate_impl(req, plan_request(req)))
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = mod
-        spec.loader.exec_module(mod)
-        out[name] = (req, mod, "PERSISTENT" in path.read_text())
+        out[name] = (req, load_module(path, path.stem), "PERSISTENT" in path.read_text())
     return out
 
 

@@ -3,7 +3,6 @@ without code changes; what the engine cannot fuse is refused in stage 2 with the
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import yaml
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.ops import markdown_table
 from opforge.codegen.plan import Unsupported
+from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,11 +76,7 @@ def write_request(root: Path, name: str, inputs: dict, attrs: dict, body: str, p
 
 def load_impl(path: Path, source: str):
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(path, path.stem)
 
 
 @pytest.mark.parametrize("name", list(UNSEEN))

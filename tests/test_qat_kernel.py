@@ -7,8 +7,6 @@ grad_scale must be within the dtype tolerance of the float64 formula.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import zlib
 
 import pytest
@@ -16,6 +14,7 @@ import torch
 from conftest import make_request
 
 from opforge.codegen.build import generate_impl, plan_request
+from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
 
 EPS, QMIN, QMAX = 1e-4, -128.0, 127.0
@@ -28,11 +27,7 @@ def impl(tmp_path_factory):
     req = load_request(make_request(d / "req"))
     path = d / "qat_impl_under_test.py"
     path.write_text(generate_impl(req, plan_request(req)))
-    spec = importlib.util.spec_from_file_location("qat_impl_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["qat_impl_under_test"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(path, "qat_impl_under_test")
 
 
 def formula(w, s, g, dtype, eps=EPS, qmin=QMIN, qmax=QMAX):

@@ -21,6 +21,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from opforge.errors import InputError
+from opforge.orchestrator.workspace import load_module
 
 LOWP = {"half": torch.float16, "fp16": torch.float16, "float16": torch.float16,
         "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -61,10 +62,7 @@ def _load_custom(ref: str, case_dir: Path | None) -> tuple[Callable, str, str]:
                 Path(mod_part) if Path(mod_part).exists() else case_dir / mod_part)
             if not path.is_file():
                 raise InputError("--target", f"custom module file {mod_part} not found")
-            spec = importlib.util.spec_from_file_location(f"opforge_custom_{path.stem}", path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
+            mod = load_module(path, f"opforge_custom_{path.stem}")
         else:
             mod = importlib.import_module(mod_part)
     except InputError:
