@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -77,3 +78,83 @@ def catalog_cmd(
         typer.echo(md)
     if report["kernel_timing"]:
         typer.echo(f"note: {report['kernel_timing']}", err=True)
+
+
+@bench_app.command("compile")
+def compile_cmd(
+    ops: str = typer.Option(None, "--ops", help="comma-separated catalog operators (default: the whole catalog)"),
+    request: Path = typer.Option(None, "--request", help="an operator request folder instead of the catalog"),
+    impl: Path = typer.Option(None, "--impl", help="compile this impl file (default: generate it from the request)"),
+    arch: str = typer.Option("sm_90", "--arch", help="CUDA architecture to compile for (sm_80, sm_90, ...)"),
+    dtypes: str = typer.Option(None, "--dtype", help="comma-separated dtypes, or 'all' (default: the op's first)"),
+    elements: int = typer.Option(64 * 2**20, "--elements", min=0,
+                                 help="also compile at the benchmark size, this many elements in the largest "
+                                      "input (0: P0 shapes only)"),
+    json_file: Path = typer.Option(None, "--json", help="write the report as JSON to FILE ('-' for stdout)"),
+    md_file: Path = typer.Option(None, "--md", help="write the report as a Markdown table to FILE"),
+    examples: Path = typer.Option(EXAMPLES, "--examples", help="folder of operator requests"),
+):
+    """Compile every kernel for a GPU architecture without a GPU: compile errors, registers, spills, occupancy.
+
+    Exit 1 when a kernel fails to compile."""
+    import datetime
+
+    from opforge.bench.aot import compile_op, parse_arch, to_markdown, toolchain
+    from opforge.bench.catalog import scaled_binding, select
+    from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
+    from opforge.request import load_request
+
+    try:
+        if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's own jit helpers (tl.cumsum's combine) are
+            # interpreted functions then, and no kernel that calls them compiles
+            raise InputError("TRITON_INTERPRET", "is 1: unset it (or set 0) to compile for a GPU")
+        try:
+            parse_arch(arch)
+        except ValueError as exc:
+            raise InputError("--arch", str(exc)) from None
+        if impl is not None and request is None:
+            raise InputError("--impl", "needs --request, the request the impl was built from")
+        if impl is not None and not impl.is_file():
+            raise InputError("--impl", f"{impl} is not a file")
+        names = [] if request else select(examples, _split(ops))
+        reqs = [load_request(request)] if request else [load_request(examples / n) for n in names]
+        chosen = {}
+        for req in reqs:
+            chosen[req.name] = req.dtypes if dtypes == "all" else (_split(dtypes) or req.dtypes[:1])
+            for dt in chosen[req.name]:
+                if dt not in req.dtypes:
+                    raise InputError("--dtype", f"{req.name} does not support {dt} (it takes {', '.join(req.dtypes)})")
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    report = {"arch": arch, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "toolchain": toolchain(), "ops": [], "failed": 0}
+    if report["toolchain"]["unavailable"]:  # nothing to compile with: said, not failed
+        if json_file and str(json_file) != "-":
+            write_json_atomic(json_file, report)
+        if md_file:
+            write_text_atomic(md_file, to_markdown(report))
+        typer.echo(json.dumps(report, indent=2) if str(json_file) == "-" else to_markdown(report))
+        return
+    quiet = str(json_file) == "-" or not sys.stderr.isatty()
+    with Progress(TextColumn("compile"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, disable=quiet) as bar:
+        task = bar.add_task("", total=len(reqs))
+        for req in reqs:
+            bindings = list(req.p0)
+            if elements:
+                big = scaled_binding(req, elements)
+                bindings += [big] if big not in bindings else []
+            report["ops"].append(compile_op(req, arch, impl_path=impl, bindings=bindings,
+                                            dtypes=chosen[req.name]))
+            bar.update(task, advance=1, description=req.name)
+    report["failed"] = sum(op["failed"] for op in report["ops"])
+    md = to_markdown(report)
+    if md_file:
+        write_text_atomic(md_file, md)
+    if json_file and str(json_file) != "-":
+        write_json_atomic(json_file, report)
+    typer.echo(json.dumps(report, indent=2) if str(json_file) == "-" else md)
+    if report["failed"]:
+        typer.echo(f"error: {report['failed']} kernel(s) failed to compile for {arch}", err=True)
+        raise typer.Exit(1)
