@@ -35,6 +35,16 @@ def test_all_seven_stages(built_ws):
     assert prec["all_passed"] and prec["total"] >= 40
     perf = json.loads((built_ws / "perf.json").read_text())
     assert "needs an accelerator" in perf["kernel_timing"]
+    # stage 5 compiled both kernels for sm_90 at every P0 shape and SPEC dtype; PERF.md repeats the figures
+    compiled = json.loads((built_ws / "compile.json").read_text())
+    spec_json = json.loads((built_ws / "spec.json").read_text())
+    builds = compiled["ops"][0]["builds"]
+    assert compiled["arch"] == "sm_90" and compiled["failed"] == 0
+    assert len(builds) == 2 * len(spec_json["p0_shapes"]) * len(spec_json["supported_dtypes"])
+    assert {b["dtype"] for b in builds} == set(spec_json["supported_dtypes"])
+    assert all(b["registers"] > 0 and b["spill_bytes"] == 0 for b in builds)
+    assert "## Kernels compiled for sm_90" in (built_ws / "PERF.md").read_text()
+    assert perf["compiled"]["kernels"][0]["kernel"] == f"_{OP}_forward_kernel"
     api = json.loads((built_ws / "api_report.json").read_text())
     fwd = api["cost"][0]["forward"]
     assert fwd["fused_kernels"] == 1 and fwd["eager_kernels"] > 1 and fwd["fused_bytes"] < fwd["eager_bytes"]
@@ -110,6 +120,17 @@ def test_gate_catches_torch_math_on_the_hot_path(ws_copy, cheat):
     path.write_text(text[:start] + cheat + text[end:])
     code, res = _gate(ws_copy, 5)
     assert code == 1 and not res["G5-IMPL-TRITON-ONLY"]["passed"], res["G5-IMPL-TRITON-ONLY"]
+
+
+def test_gate_catches_a_kernel_that_does_not_compile(ws_copy):
+    path = ws_copy / "compile.json"
+    rep = json.loads(path.read_text())
+    rep["ops"][0]["builds"][1]["error"] = "CompilationError: at 7:8: unsupported function referenced"
+    path.write_text(json.dumps(rep))
+    code, res = _gate(ws_copy, 5)
+    msg = res["G5-IMPL-COMPILES"]["message"]
+    assert code == 1 and not res["G5-IMPL-COMPILES"]["passed"]
+    assert msg.startswith("1 kernel build(s) do not compile for sm_90") and f"_{OP}_backward_kernel" in msg
 
 
 def test_gate_catches_golden_importing_the_impl(ws_copy):

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from opforge.llm.config import LlmConfig
-from opforge.llm.develop import run_tests, static_check, verify, write_tests
+from opforge.llm.develop import compile_check, run_tests, static_check, verify, write_tests
 from opforge.llm.engines import attempt_mode, last_failures
 from opforge.llm.loop import Bound, ToolInputError, run_loop
 from opforge.llm.prompts import system_prompt
@@ -66,6 +66,8 @@ def developer_tools(ws: Workspace, state, cfg: LlmConfig, submitted: dict) -> li
 
     def check_gates() -> str:
         bad = static_check(ws, state)
+        if bad is None:
+            compile_check(ws, state, cfg.code_timeout_s, drop)  # refreshes compile.json for G5-IMPL-COMPILES
         gates = [{k: g[k] for k in ("id", "passed", "message")} for g in run_gates(ws, 5, state)
                  if g["id"].startswith("G5-IMPL")]
         return json.dumps({"passed": bad is None, "problem": bad.summary if bad else "", "gates": gates}, indent=1)
@@ -145,7 +147,7 @@ def model_develop(ws: Workspace, req, state, cfg: LlmConfig, engine: str) -> Sta
               "last_failure": failures[-1] if failures and attempt > 1 else None}
     events.log_event(ws.root, "llm_attempt", engine=engine, **header, **cfg.public())
     write_tests(ws)
-    arts = [ws.impl, ws.test, "conftest.py", "README.md", "PRECISION.md", "precision.json"]
+    arts = ws.stage_artifacts(5)
     submitted: dict = {}
     try:
         conv = open_conversation(cfg, system_prompt("developer"))

@@ -11,18 +11,24 @@ import ast
 import json
 from dataclasses import dataclass
 
+from opforge.bench.aot import default_arch
 from opforge.llm.sandbox import run_python
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.gates import run_gates
+from opforge.orchestrator.gates import check_impl_compiles, run_gates
 from opforge.orchestrator.workspace import Workspace
-from opforge.skills.op_develop.stage import precision_report, render_precision, render_readme, render_tests
+from opforge.skills.op_develop.stage import (
+    compile_args,
+    precision_report,
+    render_precision,
+    render_readme,
+    render_tests,
+)
 from opforge.verify.cases import RECORD_ENV, read_records
 
 RECORDS = ".precision_records.jsonl"
 IMPL_GATES = ("G5-IMPL-SEPARATE", "G5-IMPL-TRITON-ONLY")
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "triton.language.extra", "triton.language.extra.libdevice",
                    "triton.language.math", "math", "functools", "typing", "__future__"}
-ARTIFACTS = ("conftest.py", "README.md", "PRECISION.md", "precision.json")
 
 
 @dataclass
@@ -112,11 +118,24 @@ def failure_summary(report: dict, errors: list[str]) -> str:
     return "; ".join(parts)[:1500]
 
 
+def compile_check(ws: Workspace, state, timeout_s: float, drop_env: tuple[str, ...] = ()) -> str | None:
+    """Every kernel of the impl compiled for the GPU target in a child process (compile.json, COMPILE.md); None,
+    or what does not compile."""
+    arch = default_arch()
+    res = run_python(compile_args(ws, arch), ws.root, timeout_s, {"TRITON_INTERPRET": "0"}, drop_env)
+    if res.timed_out:
+        return f"compiling for {arch} took over {timeout_s:g} s"
+    return res.last_line if res.returncode not in (0, 1) else check_impl_compiles(ws, state)
+
+
 def verify(ws: Workspace, req, state, timeout_s: float, drop_env: tuple[str, ...] = ()) -> Verdict:
     """Static checks, then the stage 5 tests; writes PRECISION.md, precision.json and README.md as stage 5 does."""
     bad = static_check(ws, state)
     if bad:
         return bad
+    trouble = compile_check(ws, state, timeout_s, drop_env)
+    if trouble:  # the interpreter would accept what the GPU compiler refuses: said before any test runs
+        return Verdict(False, "gate", f"G5-IMPL-COMPILES: {trouble}")
     rc, line, records, errors = run_tests(ws, timeout_s, drop_env=drop_env)
     report = precision_report(records, rc, line)
     spec = json.loads(ws.path("spec.json").read_text())

@@ -91,7 +91,7 @@ class HostEngine(ModelEngine):
                                 artifacts=[], retryable=False)
         write_tests(ws)
         v = verify(ws, req, state, self.code_timeout_s)
-        arts = [ws.impl, ws.test, "conftest.py", "README.md", "PRECISION.md", "precision.json"]
+        arts = ws.stage_artifacts(5)
         present = [a for a in arts if ws.path(a).exists()]
         if v.kind in ("gate", "missing"):
             return StageOutcome("failed", v.summary, artifacts=present)

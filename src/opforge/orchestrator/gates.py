@@ -272,6 +272,18 @@ def check_precision_record(ws, state):
     return None if rep.get("summary", {}).get("total", 0) > 0 else "precision.json records no case"
 
 
+def check_impl_compiles(ws, state):
+    path = ws.path("compile.json")
+    if not path.exists():
+        return "compile.json is missing"
+    rep = json.loads(path.read_text())
+    bad = [f"{b['kernel']} ({b['dtype']}, {b['binding']}): {b['error']}" for op in rep["ops"] for b in op["builds"]
+           if "error" in b]
+    if bad:
+        return f"{len(bad)} kernel build(s) do not compile for {rep['arch']}; first: {bad[0]}"[:1000]
+    return None
+
+
 def check_precision_passed(ws, state):
     if not ws.path("precision.json").exists():
         return "precision.json is missing"
@@ -326,6 +338,8 @@ RULES: list[Rule] = [
          check_impl_separate),
     Rule("G5-IMPL-TRITON-ONLY", "S0", "separation", (5, 7),
          "only allocation, views and launches are torch calls on the impl's paths", check_impl_triton_only),
+    Rule("G5-IMPL-COMPILES", "S0", "framework", (5,),
+         "every kernel compiles for the GPU target at each P0 shape and dtype (compile.json)", check_impl_compiles),
     Rule("G5-TEST-COVERAGE", "S0", "test", (5, 7), "tests cover every SPEC dtype and p0 shape with SPEC tolerances",
          check_test_coverage),
     Rule("G5-TEST-IMPORTS", "S1", "test", (5,), "the test file loads the impl and the golden separately",

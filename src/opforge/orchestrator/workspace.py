@@ -40,7 +40,8 @@ class Workspace:
             2: ["API_REPORT.md", "api_report.json"],
             3: [self.golden],
             4: ["DESIGN.md", "design.json"],
-            5: [self.impl, self.test, "conftest.py", "README.md", "PRECISION.md", "precision.json"],
+            5: [self.impl, self.test, "conftest.py", "README.md", "PRECISION.md", "precision.json", "COMPILE.md",
+                "compile.json"],
             6: ["PRECISION.md", "precision.json"],
             7: ["PERF.md", "perf.json", "perf.png", "README.md"],
         }[stage]

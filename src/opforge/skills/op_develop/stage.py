@@ -1,5 +1,6 @@
 """Stage 5, develop: the impl (Triton kernels + torch.library op), its tests, its README; then the tests
-run in a fresh pytest process and their per-case metrics become PRECISION.md and precision.json."""
+run in a fresh pytest process and their per-case metrics become PRECISION.md and precision.json, and every
+kernel is compiled for the GPU target (COMPILE.md, compile.json), on a machine without a GPU too."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from string import Template
 
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
+from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace
 from opforge.request import Request
 from opforge.verify.cases import RECORD_ENV, read_records
 
 TEST_TEMPLATE = Path(__file__).with_name("test.py.tmpl")
 RECORDS = ".precision_records.jsonl"
 PYTEST_TIMEOUT_S = 1800
+COMPILE_TIMEOUT_S = 900
 
 
 def render_tests(ws: Workspace, spec: dict, design: dict) -> str:
@@ -68,6 +70,27 @@ def run_tests(ws: Workspace) -> tuple[int, str, list[dict]]:
     rec.unlink(missing_ok=True)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     return proc.returncode, tail[-1] if tail else "", records
+
+
+def compile_args(ws: Workspace, arch: str) -> list[str]:
+    """`python` arguments of `opforge bench compile` on the impl at every P0 shape and SPEC dtype; it writes
+    compile.json and COMPILE.md, and exits 1 when a kernel fails to compile."""
+    return ["-m", "opforge", "bench", "compile", "--request", str(ws.path(REQUEST_COPY)), "--impl",
+            str(ws.path(ws.impl)), "--arch", arch, "--dtype", "all", "--elements", "0",
+            "--json", str(ws.path("compile.json")), "--md", str(ws.path("COMPILE.md"))]
+
+
+def compile_for_gpu(ws: Workspace, arch: str) -> str | None:
+    """The compile in a process of its own (it swaps Triton's driver). None, or why it could not run."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    try:
+        proc = subprocess.run([sys.executable, *compile_args(ws, arch)], cwd=ws.root, env=env, capture_output=True,
+                              text=True, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"compiling for {arch} took over {COMPILE_TIMEOUT_S} s"
+    if proc.returncode not in (0, 1):  # 1: a kernel failed to compile, recorded in compile.json
+        return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return None
 
 
 def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> dict:
@@ -125,12 +148,22 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     write_text_atomic(ws.path(ws.test), render_tests(ws, spec, design))
     # plain `pytest` in the workspace must not collect the snapshots' copies of the test file
     write_text_atomic(ws.path("conftest.py"), 'collect_ignore = ["history_version", "request"]\n')
+    from opforge.bench.aot import default_arch
+
+    arch = default_arch()
+    trouble = compile_for_gpu(ws, arch)
+    if trouble:
+        return StageOutcome("failed", f"could not compile the kernels for {arch}: {trouble}")
     rc, line, records = run_tests(ws)
     report = precision_report(records, rc, line)
     write_json_atomic(ws.path("precision.json"), report)
     write_text_atomic(ws.path("PRECISION.md"), render_precision(req.name, report))
     write_text_atomic(ws.path("README.md"), render_readme(req, spec, report))
-    arts = [ws.impl, ws.test, "conftest.py", "README.md", "PRECISION.md", "precision.json"]
+    arts = ws.stage_artifacts(5)
     ok = report["summary"]["all_passed"]
+    compiled = json.loads(ws.path("compile.json").read_text())
     reason = f"tests: {line}" if ok else f"precision failed: {line}"
+    if not compiled["toolchain"]["unavailable"]:
+        n = sum(len(op["builds"]) for op in compiled["ops"])
+        reason += f"; {n - compiled['failed']}/{n} kernel builds compile for {arch}"
     return StageOutcome("completed", reason, artifacts=arts, details={"precision_passed": ok})

@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from opforge.bench.aot import FIGURE_COLUMNS, figure_cells
 from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
@@ -81,12 +82,13 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
             if progress:
                 progress(f"timed {dt} {binding}")
     headline = _headline(rows)
+    compiled = json.loads(ws.path("compile.json").read_text()) if ws.path("compile.json").exists() else None
     perf = {"op_name": req.name, "device": device, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name() if gpu else "cpu",
             "kernel_timing": None if gpu else NO_KERNEL_TIMING,
             "copy_ceiling": ceiling, "compile_modes": COMPILE_MODES,
             "baselines": ["eager", "compile_default"] + (["compile_max_autotune"] if gpu else []),
-            "rows": rows, "tuning": tuning, "headline": headline}
+            "rows": rows, "tuning": tuning, "headline": headline, "compiled": _compiled(compiled, spec)}
     write_json_atomic(ws.path("perf.json"), perf)
     _plot(ws, rows, ceiling)
     write_text_atomic(ws.path("PERF.md"), _md(req, perf))
@@ -98,15 +100,34 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     return StageOutcome("completed", headline, artifacts=artifacts)
 
 
+def _launches(n: int) -> str:
+    return f"{n} launch{'es' if n != 1 else ''}"
+
+
 def _headline(rows) -> str:
     r = rows[0]
     f = r["cost"]["forward"]
-    text = (f"fused forward moves {f['fused_bytes'] / f['eager_bytes']:.0%} of eager's bytes in 1 launch instead "
-            f"of {f['eager_kernels']} ({r['dtype']}, {r['binding']})")
+    text = (f"fused forward moves {f['fused_bytes'] / f['eager_bytes']:.0%} of eager's bytes in "
+            f"{_launches(f['fused_kernels'])} instead of {f['eager_kernels']} ({r['dtype']}, {r['binding']})")
     if "backward" in r["cost"]:
         b = r["cost"]["backward"]
-        text += f"; backward {b['fused_bytes'] / b['eager_bytes']:.0%} in 1 launch instead of {b['eager_kernels']}"
+        text += (f"; backward {b['fused_bytes'] / b['eager_bytes']:.0%} in {_launches(b['fused_kernels'])} instead "
+                 f"of {b['eager_kernels']}")
     return text
+
+
+def _compiled(report: dict | None, spec: dict) -> dict | None:
+    """Stage 5's compile for the GPU target, at the first dtype: what the compiler says of each kernel."""
+    if report is None:
+        return None
+    if report["toolchain"]["unavailable"]:
+        return {"arch": report["arch"], "unavailable": report["toolchain"]["unavailable"], "kernels": []}
+    dt = spec["supported_dtypes"][0]
+    keep = ("binding", "pass", "kernel", "num_warps", "registers", "spill_bytes", "shared_bytes", "loads", "loads_128",
+            "stores", "stores_128", "occupancy", "grid", "waves", "error")
+    return {"arch": report["arch"], "dtype": dt, "unavailable": None,
+            "kernels": [{k: b[k] for k in keep if k in b} for op in report["ops"] for b in op["builds"]
+                        if b["dtype"] == dt]}
 
 
 PATHS = ("eager", "compile_default", "compile_max_autotune", "fused")
@@ -169,6 +190,7 @@ def _md(req: Request, perf: dict) -> str:
                 lines.append(f"| {r['binding']} | {r['dtype']} | {p} | {c['eager_kernels']} | {c['fused_kernels']} | "
                              f"{c['eager_bytes']:,} | {c['fused_bytes']:,} | "
                              f"{c['eager_bytes'] / c['fused_bytes']:.1f}× |")
+    lines += _md_compiled(perf.get("compiled"))
     t = perf["tuning"]
     lines += ["", "For memory-bound kernels the byte ratio bounds the speedup over eager from above once "
                   "launch overhead is amortised.", "", "## Tuning history", "",
@@ -185,6 +207,25 @@ def _md(req: Request, perf: dict) -> str:
         lines.append("")
     lines += ["![perf](perf.png)", ""]
     return "\n".join(lines)
+
+
+def _md_compiled(c: dict | None) -> list[str]:
+    if not c:
+        return []
+    lines = ["", f"## Kernels compiled for {c['arch']} (COMPILE.md)", ""]
+    if c["unavailable"]:
+        return lines + [f"Not compiled: {c['unavailable']}."]
+    lines += [f"The compiler's figures at each P0 shape in {c['dtype']}; nothing ran. Occupancy is theoretical "
+              "(resident warps per SM); waves below 1 leave resident slots empty, and fewer programs than SMs leave "
+              "whole SMs idle.", "",
+              f"| shape | pass | kernel | {FIGURE_COLUMNS} |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k in c["kernels"]:
+        head = f"| {'x'.join(str(v) for v in k['binding'].values())} | {k['pass']} | {k['kernel']} |"
+        if "error" in k:
+            lines.append(f"{head} **does not compile:** {k['error']} |")
+        else:
+            lines.append(f"{head} {figure_cells(k)} |")
+    return lines
 
 
 def _plot_measured(ax1, ax2, rows, labels, ceiling) -> None:
