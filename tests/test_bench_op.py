@@ -12,7 +12,7 @@ import torch
 
 from opforge.bench.harness import StaleOutputError, WallClock, measure, outputs_mismatch
 from opforge.bench.opbench import OpCase, bench_case, figures
-from opforge.bench.tuning import apply_config, autotune, current_config, write_back
+from opforge.bench.tuning import apply_config, autotune, current_config, neighbours, write_back
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.trace import trace_request
 from opforge.orchestrator.workspace import load_module
@@ -119,6 +119,56 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
     text = copy.read_text()
     assert "\nNUM_WARPS = 8\n" in text and '"num_warps": 16' in text
     compile(text, str(copy), "exec")
+
+
+class _LaunchSpy:
+    """Forwards launches of one kernel and records the strategy each was given."""
+
+    def __init__(self, kernel):
+        self.kernel, self.deterministic = kernel, []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def call(*args, **kwargs):
+            self.deterministic.append(kwargs["DETERMINISTIC"])
+            return launch(*args, **kwargs)
+        return call
+
+
+def test_reduction_strategy_is_a_knob(rms, tmp_path, monkeypatch):
+    """ORDERED_PARTIALS makes every call reduce across programs as deterministic=True does (the same bits on any
+    device, where same-address atomics may round differently), and the tuner searches it and writes it back."""
+    req, impl, path = rms
+    spy = _LaunchSpy(impl._rms_norm_backward_kernel)
+    monkeypatch.setattr(impl, "_rms_norm_backward_kernel", spy)
+    g = torch.Generator().manual_seed(5)
+    x, w, go = torch.randn(64, 64, generator=g), torch.randn(64, generator=g), torch.randn(64, 64, generator=g)
+
+    def grads(**kw):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        return torch.autograd.grad(impl.rms_norm(xs, ws, **kw), (xs, ws), go)
+
+    start = current_config(impl)
+    assert start["ORDERED_PARTIALS"] is False
+    try:
+        apply_config(impl, {**start, "TILE": 64})  # a row a program: 64 programs add into grad_weight
+        atomics, ordered = grads(), grads(deterministic=True)
+        apply_config(impl, {**start, "TILE": 64, "ORDERED_PARTIALS": True})
+        tuned = grads()
+    finally:
+        apply_config(impl, start)
+    assert spy.deterministic == [False, True, True]
+    assert torch.equal(tuned[0], ordered[0]) and torch.equal(tuned[1], ordered[1])
+    torch.testing.assert_close(atomics[1], ordered[1])
+    # one step of every knob comes before a second step of any: the strategy is within the first rounds
+    knobs = [next(k for k in c if c[k] != start[k]) for c in neighbours(start)]
+    repeat = next(i for i, k in enumerate(knobs) if k in knobs[:i])
+    assert "ORDERED_PARTIALS" in knobs[:repeat]
+    copy = tmp_path / "impl.py"
+    copy.write_text(path.read_text())
+    assert write_back(copy, {"ORDERED_PARTIALS": True}) == ["ORDERED_PARTIALS"]
+    assert "\nORDERED_PARTIALS = True\n" in copy.read_text()
 
 
 def test_accelerator_report_renders_measured_rows(rms, tmp_path):

@@ -28,7 +28,8 @@ from opforge.verify.tolerance import parse_dtype
 GPU_ELEMENTS = 64 * 2**20  # per largest input: pointwise kernels are bandwidth-bound well before this
 NOT_MEASURED_CPU = ("fused kernels were not timed: without an accelerator they run in Triton's interpreter, whose "
                     "times measure Python; not measured: fused times, speedups, GB/s, % of the copy ceiling, "
-                    "launches per call, torch.compile max-autotune")
+                    "launches per call, torch.compile max-autotune; `opforge bench compile` gives the compiler's "
+                    "registers, spills and occupancy for a GPU target without one")
 
 
 def catalog_names(examples: Path) -> list[str]:

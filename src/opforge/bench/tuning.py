@@ -1,9 +1,12 @@
 """Autotuning of a generated impl module through its module-level knobs, and the write-back of the best config.
 
-Knobs: BLOCK (elements per program, pointwise), TILE and MAX_BLOCK_C (row kernels' tile and chunk), NUM_WARPS
-(pointwise launches) and the row launches' num_warps / num_stages (through `_row_launch`). A candidate changes
-one knob of the best config so far (coordinate search). Each candidate is re-verified for precision before its
-time counts; the search stops after `max_rounds`, after `patience` rounds without gain, or at the target.
+Knobs: BLOCK (elements per program, pointwise), TILE and MAX_BLOCK_C (row kernels' tile and chunk; a row that
+fits one chunk is reduced in registers, a longer one in a loop), NUM_WARPS (pointwise launches), the row
+launches' num_warps / num_stages (through `_row_launch`), and the reduction strategy across programs
+(ORDERED_PARTIALS: same-address atomics, or one partial per program summed in order), where the impl has one.
+A candidate changes one knob of the best config so far, one step of each knob in turn (coordinate search).
+Each candidate is re-verified for precision before its time counts; the search stops after `max_rounds`, after
+`patience` rounds without gain, or at the target.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ SPACE = {
     "NUM_WARPS": [2, 4, 8],
     "ROW_NUM_WARPS": [None, 4, 8, 16],
     "NUM_STAGES": [None, 1, 2, 3],
+    "ORDERED_PARTIALS": [False, True],
 }
+PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS")  # module constants
 ROW_KNOBS = ("ROW_NUM_WARPS", "NUM_STAGES")
 
 
 def current_config(module) -> dict:
-    cfg = {k: getattr(module, k) for k in ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS") if hasattr(module, k)}
+    cfg = {k: getattr(module, k) for k in PLAIN_KNOBS if hasattr(module, k)}
     if hasattr(module, "_row_launch"):
         cfg.update(ROW_NUM_WARPS=None, NUM_STAGES=None)
     return cfg
@@ -34,7 +39,7 @@ def current_config(module) -> dict:
 
 def apply_config(module, cfg: dict) -> None:
     """Set the knobs on the loaded module; launches read them at call time."""
-    for k in ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS"):
+    for k in PLAIN_KNOBS:
         if k in cfg:
             setattr(module, k, cfg[k])
     launch = getattr(module, "_LAUNCH", None)
@@ -56,13 +61,14 @@ def apply_config(module, cfg: dict) -> None:
 
 
 def neighbours(cfg: dict) -> list[dict]:
-    """One-knob moves from `cfg`, nearest values first, in knob order."""
+    """One-knob moves from `cfg`: one step of every knob first, then the other direction, then two steps. With
+    3 rounds of patience, knob after knob would never reach the later knobs."""
     out = []
-    for k, values in SPACE.items():
-        if k not in cfg or cfg[k] not in values:
-            continue
-        i = values.index(cfg[k])
-        for j in (i + 1, i - 1, i + 2, i - 2):
+    for step in (1, -1, 2, -2):
+        for k, values in SPACE.items():
+            if k not in cfg or cfg[k] not in values:
+                continue
+            j = values.index(cfg[k]) + step
             if 0 <= j < len(values):
                 out.append({**cfg, k: values[j]})
     return out
@@ -122,7 +128,7 @@ def _key(cfg: dict) -> tuple:
     return tuple(sorted(cfg.items()))
 
 
-_CONST = re.compile(r"^(?P<name>TILE|MAX_BLOCK_C|BLOCK|NUM_WARPS) = (?P<rest>.*)$")
+_CONST = re.compile(rf"^(?P<name>{'|'.join(PLAIN_KNOBS)}) = (?P<rest>.*)$")
 
 
 def _replace_last_int(expr: str, value: int) -> str:
@@ -143,7 +149,9 @@ def write_back(impl_path: Path, cfg: dict) -> list[str]:
     for i, line in enumerate(lines):
         m = _CONST.match(line.rstrip("\n"))
         if m and m["name"] in cfg:
-            new = f"{m['name']} = {_replace_last_int(m['rest'], int(cfg[m['name']]))}\n"
+            value = cfg[m["name"]]
+            rest = repr(value) if isinstance(value, bool) else _replace_last_int(m["rest"], int(value))
+            new = f"{m['name']} = {rest}\n"
             if new != line:
                 lines[i] = new
                 changed.append(m["name"])

@@ -489,15 +489,15 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     full, col = plan.full_reductions, plan.col_reductions
     if full or col:
         kinds = [("sum" if r.kind == "mean" else r.kind) for r in full] or ["sum"]
+        b("    ordered = deterministic or ORDERED_PARTIALS")
         b(f"    acc = torch.tensor([{', '.join(_IDENTITY[k] for k in kinds)}], dtype=torch.float32, device={dev})")
-        b(f"    partials = torch.empty(grid[0] * {len(kinds)} if deterministic else 1, dtype=torch.float32, "
-          f"device={dev})")
+        b(f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})")
         b(f"    colacc = torch.zeros(max(1, {len(col)} * n_cols), dtype=torch.float32, device={dev})")
-        b(f"    colpart = torch.empty(grid[0] * {len(col)} * n_cols if deterministic else 1, dtype=torch.float32, "
+        b(f"    colpart = torch.empty(grid[0] * {len(col)} * n_cols if ordered else 1, dtype=torch.float32, "
           f"device={dev})")
         b(f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})")
         args += ["acc", "partials", "colacc", "colpart", "ticket"]
-        extra = ", RBLOCK=RBLOCK, DETERMINISTIC=deterministic"
+        extra = ", RBLOCK=RBLOCK, DETERMINISTIC=ordered"
     args += atoms(names) + plan.attrs
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
       "**_row_launch(BLOCK_R * BLOCK_C))")
