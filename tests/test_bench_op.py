@@ -125,13 +125,14 @@ class _LaunchSpy:
     """Forwards launches of one kernel and records the strategy each was given."""
 
     def __init__(self, kernel):
-        self.kernel, self.deterministic = kernel, []
+        self.kernel, self.deterministic, self.grids = kernel, [], []
 
     def __getitem__(self, grid):
         launch = self.kernel[grid]
 
         def call(*args, **kwargs):
             self.deterministic.append(kwargs["DETERMINISTIC"])
+            self.grids.append(grid)
             return launch(*args, **kwargs)
         return call
 
@@ -158,7 +159,15 @@ def test_reduction_strategy_is_a_knob(rms, tmp_path, monkeypatch):
         tuned = grads()
     finally:
         apply_config(impl, start)
-    assert spy.deterministic == [False, True, True]
+    assert spy.deterministic == [False, True, True] and spy.grids == [(64,)] * 3
+    try:  # the grid of a kernel that reduces across programs is capped; each program walks several rows
+        apply_config(impl, {**start, "TILE": 64, "MAX_PROGRAMS": 5})
+        capped = grads()
+    finally:
+        apply_config(impl, start)
+    assert spy.grids[-1] == (5,)
+    torch.testing.assert_close(capped[1], atomics[1])
+    torch.testing.assert_close(capped[0], atomics[0], rtol=0, atol=0)  # rows do not depend on the grid
     assert torch.equal(tuned[0], ordered[0]) and torch.equal(tuned[1], ordered[1])
     torch.testing.assert_close(atomics[1], ordered[1])
     # one step of every knob comes before a second step of any: the strategy is within the first rounds

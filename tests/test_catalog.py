@@ -156,23 +156,34 @@ def _k(kind, binding, req) -> int:
     return {None: 1, "row": big[-1], "col": math.prod(big[:-1]), "all": math.prod(big)}[kind]
 
 
-@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", list(CATALOG))
-def test_catalog_op_matches_float64(built, name, dtype, looped, monkeypatch):
+# every dtype persistent and looped; where results are reduced across programs ("col", "all"), also strided:
+# few programs, each walking several blocks (how blocks are shared out does not depend on the dtype)
+CASES = [(n, d, m) for n in CATALOG for d in DTYPES for m in ("persistent", "looped")] + [
+    (n, torch.float32, m) for n, (_, _, kind) in CATALOG.items() if kind in ("col", "all")
+    for m in ("strided", "looped-strided")]
+
+
+@pytest.mark.parametrize("name, dtype, mode", CASES, ids=[f"{n}-{d}-{m}" for n, d, m in CASES])
+def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
     req, impl, rows = built[name]
     formula, bindings, kind = CATALOG[name]
+    looped, strided = mode.startswith("looped"), mode.endswith("strided")
     if looped and not rows:
         pytest.skip("flat kernel: it has no rows to walk in chunks")
-    if looped:
-        monkeypatch.setattr(impl, "MAX_BLOCK_C", 4)  # every row of 5+ columns is walked in chunks
+    assert not strided or hasattr(impl, "MAX_PROGRAMS")
+    if looped:  # every row of 5+ columns (strided: 65+) is walked in chunks
+        monkeypatch.setattr(impl, "MAX_BLOCK_C", 64 if strided else 4)
+    if strided:  # small blocks, 3 programs: each walks several blocks and combines its results in registers
+        monkeypatch.setattr(impl, "MAX_PROGRAMS", 3)
+        monkeypatch.setattr(impl, "TILE", 8)
+        monkeypatch.setattr(impl, "BLOCK", 16)
     gen = torch.Generator().manual_seed(sum(map(ord, name)) + len(str(dtype)))
-    for binding in bindings:
+    for binding, deterministic in [(b, d) for b in bindings for d in ([False, True] if strided else [False])]:
         ins = _inputs(req, binding, dtype, gen)
         wrt = [s.requires_grad for s in req.inputs]
         got_in = [t.clone().requires_grad_(w) for t, w in zip(ins, wrt)]
         ref_in = [(t.double() if t.is_floating_point() else t).requires_grad_(w) for t, w in zip(ins, wrt)]
-        got = getattr(impl, name)(*got_in)
+        got = getattr(impl, name)(*got_in, deterministic=deterministic)
         ref = formula(*ref_in)
         got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
         grads_out = [torch.randn(r.shape, generator=gen, dtype=torch.float64).to(dtype) for r in ref]

@@ -3,7 +3,8 @@
 Knobs: BLOCK (elements per program, pointwise), TILE and MAX_BLOCK_C (row kernels' tile and chunk; a row that
 fits one chunk is reduced in registers, a longer one in a loop), NUM_WARPS (pointwise launches), the row
 launches' num_warps / num_stages (through `_row_launch`), and the reduction strategy across programs
-(ORDERED_PARTIALS: same-address atomics, or one partial per program summed in order), where the impl has one.
+(ORDERED_PARTIALS: same-address atomics, or one partial per program summed in order; MAX_PROGRAMS: the grid of
+such kernels, each program walking several blocks), where the impl has one.
 A candidate changes one knob of the best config so far, one step of each knob in turn (coordinate search).
 Each candidate is re-verified for precision before its time counts; the search stops after `max_rounds`, after
 `patience` rounds without gain, or at the target.
@@ -25,8 +26,9 @@ SPACE = {
     "ROW_NUM_WARPS": [None, 4, 8, 16],
     "NUM_STAGES": [None, 1, 2, 3],
     "ORDERED_PARTIALS": [False, True],
+    "MAX_PROGRAMS": [512, 1024, 2048, 4096, 8192],
 }
-PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS")  # module constants
+PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS")  # module constants
 ROW_KNOBS = ("ROW_NUM_WARPS", "NUM_STAGES")
 
 

@@ -125,25 +125,47 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
     lines.append(f'    """{plan.name}: reads {reads} once, writes {writes} once."""')
     b = lines.append
     b("    pid = tl.program_id(0)")
-    b("    # int64 offsets: tensors past 2**31 elements must not wrap")
-    b("    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
-    b("    mask = offs < n_elements  # the last block runs past the end")
+    # with reductions, at most MAX_PROGRAMS programs walk the blocks pid, pid + num_programs, ...: scalars are
+    # computed once before the walk, and each reduction's block shares are combined in registers
+    pad = "        " if red else "    "
     for a in plan.inputs:
-        if a.full:
-            b(f"    {a.name} = _to_f32(tl.load({a.name}_ptr + offs, mask=mask, other=0.0))")
-        else:
+        if not a.full:
             b(f"    {a.name} = _to_f32(tl.load({a.name}_ptr))  # one value for the whole tensor")
     for s in plan.body:
-        b(f"    {s.target} = {s.expr}  # {s.comment}")
+        if red and not s.block:
+            b(f"    {s.target} = {s.expr}  # {s.comment}")
+    for r in plan.reductions:
+        b(f"    {r.name}_run = {_IDENTITY['sum' if r.kind == 'mean' else r.kind]}")
+    if red:
+        b("    for start in range(pid.to(tl.int64) * BLOCK, n_elements, tl.num_programs(0) * BLOCK):")
+        b("        offs = start + tl.arange(0, BLOCK)  # int64: tensors past 2**31 elements must not wrap")
+    else:
+        b("    # int64 offsets: tensors past 2**31 elements must not wrap")
+        b("    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
+    b(f"{pad}mask = offs < n_elements  # the last block runs past the end")
+    for a in plan.inputs:
+        if a.full:
+            b(f"{pad}{a.name} = _to_f32(tl.load({a.name}_ptr + offs, mask=mask, other=0.0))")
+    for s in plan.body:
+        if not red or s.block:
+            b(f"{pad}{s.target} = {s.expr}  # {s.comment}")
     for o in plan.outputs:
         if o.in_epilogue:
             continue
         if o.full:
             val = o.value if o.block else f"{o.value} + tl.zeros((BLOCK,), tl.float32)"
-            b(f"    tl.store({o.name}_ptr + offs, _to_dtype({val}, {o.name}_ptr.dtype.element_ty), mask=mask)")
-        else:
+            b(f"{pad}tl.store({o.name}_ptr + offs, _to_dtype({val}, {o.name}_ptr.dtype.element_ty), mask=mask)")
+    for r in plan.reductions:
+        kind = "sum" if r.kind == "mean" else r.kind
+        combine = {"sum": "{0}_run + {0}_part", "max": "tl.maximum({0}_run, {0}_part)",
+                   "min": "tl.minimum({0}_run, {0}_part)"}[kind].format(r.name)
+        b(f"{pad}{r.name}_run = {combine}")
+    for o in plan.outputs:
+        if not o.in_epilogue and not o.full:
             b("    if pid == 0:")
             b(f"        tl.store({o.name}_ptr, _to_dtype({o.value}, {o.name}_ptr.dtype.element_ty))")
+    for r in plan.reductions:
+        b(f"    {r.name}_part = {r.name}_run")
     if red:
         n = len(plan.reductions)
         b("    # Across blocks: atomics into acc, or (DETERMINISTIC) one partial per program summed in order.")
@@ -200,7 +222,10 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     for o in plan.outputs:
         dtype = f"{o.like}.dtype" if o.like else "torch.float32"
         b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
-    b("    grid = (max(1, triton.cdiv(n_elements, BLOCK)),)")
+    if plan.reductions:
+        b("    grid = (max(1, min(triton.cdiv(n_elements, BLOCK), MAX_PROGRAMS)),)")
+    else:
+        b("    grid = (max(1, triton.cdiv(n_elements, BLOCK)),)")
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     extra = ""
     if plan.reductions:
@@ -258,6 +283,9 @@ ORDERED_KNOB = """\
 # Results reduced across programs: atomics, or one partial per program summed in order. deterministic=True
 # always orders them (bit-reproducible); ORDERED_PARTIALS does so for every call, when the tuner finds it faster.
 ORDERED_PARTIALS = False
+# Such kernels run at most MAX_PROGRAMS programs, each walking several blocks and combining its results in
+# registers first: atomics and partials then scale with the grid, not with the tensor.
+MAX_PROGRAMS = 2048
 """
 
 

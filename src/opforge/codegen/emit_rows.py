@@ -289,9 +289,13 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         si = plan.info[r.source]
         v = e.ev(r.source, "0", body)
         body.add(f"{r.name}_part = tl.sum(tl.where({_mask(e, si)}, {v}, 0.0), axis=0)[None, :]  "
-                 f"# {op_name(r.node.target)}: this program's rows")
-        body.add("if DETERMINISTIC:")
-        body.add(f"    tl.store(colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols, {r.name}_part, "
+                 f"# {op_name(r.node.target)}: this row block")
+        if persistent:  # the whole row is one chunk: the program's row blocks add up in registers
+            body.add(f"{r.name}_run += {r.name}_part")
+            continue
+        body.add("if DETERMINISTIC:  # the program's own slot, added to by each of its row blocks in turn")
+        body.add(f"    slot = colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols")
+        body.add(f"    tl.store(slot, tl.load(slot, mask=cols < n_cols, other=0.0) + {r.name}_part, "
                  "mask=cols < n_cols)")
         body.add("else:")
         body.add(f"    tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_part, mask=cols < n_cols)")
@@ -299,11 +303,14 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         si = plan.info[r.source]
         kind = "sum" if r.kind == "mean" else r.kind
         fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
+        combine = {"sum": f"{r.name}_run + {r.name}_part", "max": f"tl.maximum({r.name}_run, {r.name}_part)",
+                   "min": f"tl.minimum({r.name}_run, {r.name}_part)"}[kind]
         if si.dc:
             v = e.ev(r.source, "0", body)
             where = f"tl.where({_mask(e, si)}, {v}, {_IDENTITY[kind]})"
             if persistent:
                 body.add(f"{r.name}_part = {fn}({fn}({where}, axis=1), axis=0)  # {op_name(r.node.target)}")
+                body.add(f"{r.name}_run = {combine}")
                 continue
             inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), {_IDENTITY[kind]}, tl.float32)")
             body.add(f"{r.name}_acc = " + (f"{r.name}_acc + {where}" if kind == "sum" else
@@ -311,9 +318,10 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
             after.append(f"{pad}{r.name}_part = {fn}({fn}({r.name}_acc, axis=1), axis=0)  # {op_name(r.node.target)}")
         else:
             v = e.ev(r.source, "0", e.pre if si.dr else e.head)
-            mask = "rmask" if si.dr else "pid == 0"
+            mask = "rmask" if si.dr else "rb == 0"  # a value with no rows counts once, in the first row block
             after.append(f"{pad}{r.name}_part = {fn}({fn}(tl.where({mask}, {v} + tl.zeros((BLOCK_R, 1), tl.float32), "
                          f"{_IDENTITY[kind]}), axis=1), axis=0)  # {op_name(r.node.target)}")
+        after.append(f"{pad}{r.name}_run = {combine}")
     if persistent:
         blocks.append(after)
     elif body.lines:
@@ -357,18 +365,41 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
              '    """',
              f"    n_rows = {plan.n_rows}",
              f"    n_cols = {plan.n_cols}",
-             "    pid = tl.program_id(0)",
-             "    # this program's BLOCK_R rows, int64 so that row * n_cols cannot wrap past 2**31 elements",
-             "    rows = (pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]",
-             "    rmask = rows < n_rows  # the last program's rows run past the end"]
-    _, persistent = _section(plan, True, 2)
-    _, looped = _section(plan, False, 2)
-    lines.append("    if PERSISTENT:")
-    lines += _flatten(persistent)
-    lines.append("    else:")
-    lines += _flatten(looped)
-    if cross:
-        lines += _cross_program(plan)
+             "    pid = tl.program_id(0)"]
+    if not cross:
+        lines += ["    # this program's BLOCK_R rows, int64 so that row * n_cols cannot wrap past 2**31 elements",
+                  "    rows = (pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]",
+                  "    rmask = rows < n_rows  # the last program's rows run past the end"]
+        _, persistent = _section(plan, True, 2)
+        _, looped = _section(plan, False, 2)
+        lines += ["    if PERSISTENT:", *_flatten(persistent), "    else:", *_flatten(looped)]
+        return "\n".join(lines) + "\n"
+    # At most MAX_PROGRAMS programs, each walking row blocks pid, pid + num_programs, ...: what is reduced
+    # across programs is combined in registers first, so atomics or partials scale with the grid, not the rows.
+    lines += ["    # this program's results reduced across its row blocks"]
+    lines += [f"    {r.name}_run = tl.zeros((1, BLOCK_C), tl.float32)" for r in plan.col_reductions]
+    lines += [f"    {r.name}_run = {_IDENTITY[r.kind]}" for r in plan.full_reductions]
+    lines += ["    for rb in range(pid, tl.cdiv(n_rows, BLOCK_R), tl.num_programs(0)):",
+              "        # BLOCK_R rows, int64 so that row * n_cols cannot wrap past 2**31 elements",
+              "        rows = (rb * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]",
+              "        rmask = rows < n_rows  # the last row block runs past the end"]
+    _, persistent = _section(plan, True, 3)
+    _, looped = _section(plan, False, 3)
+    lines += ["        if PERSISTENT:", *_flatten(persistent), "        else:", *_flatten(looped)]
+    n_col = len(plan.col_reductions)
+    if n_col:
+        lines.append("    if PERSISTENT:  # looped rows added their column partials chunk by chunk")
+        cols = "    cols = tl.arange(0, BLOCK_C)[None, :]"
+        lines.append("    " + cols)
+        for r in plan.col_reductions:
+            lines += ["        if DETERMINISTIC:",
+                      f"            tl.store(colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols, "
+                      f"{r.name}_run, mask=cols < n_cols)",
+                      "        else:",
+                      f"            tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_run, "
+                      "mask=cols < n_cols)"]
+    lines += [f"    {r.name}_part = {r.name}_run" for r in plan.full_reductions]
+    lines += _cross_program(plan)
     return "\n".join(lines) + "\n"
 
 
@@ -482,18 +513,21 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b(f"    n_rows, n_cols = {plan.n_rows}, {plan.n_cols}")
     b("    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK_C)")
     b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
-    b("    grid = (max(1, triton.cdiv(n_rows, BLOCK_R)),)")
+    full, col = plan.full_reductions, plan.col_reductions
+    if full or col:
+        b("    grid = (max(1, min(triton.cdiv(n_rows, BLOCK_R), MAX_PROGRAMS)),)")
+    else:
+        b("    grid = (max(1, triton.cdiv(n_rows, BLOCK_R)),)")
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     args += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     extra = ""
-    full, col = plan.full_reductions, plan.col_reductions
     if full or col:
         kinds = [("sum" if r.kind == "mean" else r.kind) for r in full] or ["sum"]
         b("    ordered = deterministic or ORDERED_PARTIALS")
         b(f"    acc = torch.tensor([{', '.join(_IDENTITY[k] for k in kinds)}], dtype=torch.float32, device={dev})")
         b(f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})")
         b(f"    colacc = torch.zeros(max(1, {len(col)} * n_cols), dtype=torch.float32, device={dev})")
-        b(f"    colpart = torch.empty(grid[0] * {len(col)} * n_cols if ordered else 1, dtype=torch.float32, "
+        b(f"    colpart = torch.zeros(grid[0] * {len(col)} * n_cols if ordered else 1, dtype=torch.float32, "
           f"device={dev})")
         b(f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})")
         args += ["acc", "partials", "colacc", "colpart", "ticket"]

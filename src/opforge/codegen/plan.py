@@ -34,6 +34,7 @@ class Stmt:
     target: str
     expr: str
     comment: str
+    block: bool = True  # reads the block's elements (False: a scalar, the same in every block)
 
 
 @dataclass
@@ -251,7 +252,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             full[node], after_reduce[node] = block, dep_red
             continue
         seen[expr] = target
-        (epilogue if dep_red else body).append(Stmt(target, expr, key))
+        (epilogue if dep_red else body).append(Stmt(target, expr, key, block))
         var[node], full[node], after_reduce[node] = target, block, dep_red
 
     outs: list[OutArg] = []
