@@ -144,7 +144,7 @@ def compile_only(capability: int):
                 programs = 1
                 for g in rec["grid"]:
                     programs *= g
-                # below 1, part of the device sits idle for the whole launch
+                # programs over the device's resident slots: below 1 the launch leaves slots empty
                 occ["waves"] = programs / (occ["blocks_per_sm"] * SM_LIMITS[capability]["sms"]) if occ[
                     "blocks_per_sm"] else None
             rec.update(occ or {})
@@ -227,8 +227,7 @@ def compile_calls(req, impl, binding: dict, dtype: torch.dtype, grad_names, capa
     return records
 
 
-def compile_op(req, arch: str = "sm_90", *, impl_path: Path | None = None, bindings=None, dtypes=None,
-               workdir: Path | None = None) -> dict:
+def compile_op(req, arch: str = "sm_90", *, impl_path: Path | None = None, bindings=None, dtypes=None) -> dict:
     """Compile an operator's kernels for `arch` at each binding and dtype (default: its P0 shapes, first dtype).
     Without `impl_path` the deterministic engine's impl is generated from the request."""
     from opforge.codegen.trace import trace_request
@@ -241,7 +240,7 @@ def compile_op(req, arch: str = "sm_90", *, impl_path: Path | None = None, bindi
         if impl_path is None:
             from opforge.codegen.build import generate_impl, plan_request
 
-            impl_path = Path(workdir or tmp) / f"{req.name}_impl.py"
+            impl_path = Path(tmp) / f"{req.name}_impl.py"
             impl_path.write_text(generate_impl(req, plan_request(req, traced)))
         impl = load_for_compile(impl_path, f"opforge_aot_{req.name}_{capability}")
         builds = []

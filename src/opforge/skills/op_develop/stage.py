@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from string import Template
 
+from opforge.bench.aot import default_arch
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace
@@ -148,8 +149,6 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     write_text_atomic(ws.path(ws.test), render_tests(ws, spec, design))
     # plain `pytest` in the workspace must not collect the snapshots' copies of the test file
     write_text_atomic(ws.path("conftest.py"), 'collect_ignore = ["history_version", "request"]\n')
-    from opforge.bench.aot import default_arch
-
     arch = default_arch()
     trouble = compile_for_gpu(ws, arch)
     if trouble:
