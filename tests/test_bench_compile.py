@@ -81,6 +81,57 @@ def test_a_kernel_only_the_interpreter_accepts_fails_to_compile(tmp_path, monkey
     assert bwd["kernel"] == "_cross_entropy_backward_kernel" and "error" not in bwd and bwd["registers"] > 0
 
 
+TWICE_REQUEST = """\
+name: twice
+description: Twice the input
+category: elementwise
+inputs:
+  x: {shape: [N], dtype: [float32]}
+outputs:
+  out: {shape: [N], dtype: like x}
+reference: reference.py:forward
+backward: false
+shapes:
+  p0: [{N: 1024}]
+"""
+TWICE_IMPL = """\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=8)],
+                 key=["n"])
+@triton.jit
+def _twice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+def twice(x):
+    out = torch.empty_like(x)
+    _twice_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, out, x.numel())
+    return out
+"""
+
+
+def test_an_autotuned_kernel_compiles_every_config(tmp_path):
+    """A hand-written (or model-written) impl with @triton.autotune: each config is compiled, none is timed."""
+    (tmp_path / "req").mkdir()
+    (tmp_path / "req" / "request.yaml").write_text(TWICE_REQUEST)
+    (tmp_path / "req" / "reference.py").write_text("def forward(x):\n    return x * 2\n")
+    (tmp_path / "impl.py").write_text(TWICE_IMPL)
+    r = _bench_compile("--request", str(tmp_path / "req"), "--impl", str(tmp_path / "impl.py"), "--elements", "0",
+                       "--json", "-")
+    assert r.returncode == 0, r.stderr[-2000:]
+    builds = json.loads(r.stdout)["ops"][0]["builds"]
+    assert [(b["constexprs"]["BLOCK"], b["num_warps"]) for b in builds] == [(128, 4), (256, 8)]
+    assert all(b["registers"] > 0 and b["grid"] is None for b in builds)
+    # BLOCK equals the threads of the program (128 = 4 warps, 256 = 8): one float a thread, nothing to vectorise
+    assert all(b["loads"] == b["stores"] == 1 and b["loads_128"] == b["stores_128"] == 0 for b in builds)
+
+
 @pytest.mark.parametrize("args, field", [
     (["--arch", "sm9"], "--arch"),
     (["--impl", "x.py"], "--impl"),

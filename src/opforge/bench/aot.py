@@ -120,13 +120,18 @@ def access_widths(ptx: str) -> dict:
 
 @contextlib.contextmanager
 def compile_only(capability: int):
-    """Within: every `kernel[grid](...)` compiles for sm_<capability> and launches nothing. Yields the list that
-    receives one record per launch."""
+    """Within: every `kernel[grid](...)` compiles for sm_<capability> and launches nothing (an autotuned kernel:
+    each of its configs). Yields the list that receives one record per compiled kernel."""
     from triton.runtime import driver
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     builds: list[dict] = []
-    run = JITFunction.run
+    run, tune = JITFunction.run, Autotuner.run
+
+    def compile_configs(self, *args, **kwargs):  # an autotuned kernel: every config compiled, none timed
+        kwargs.pop("warmup", None)
+        self.warmup(*args, **kwargs)
 
     def compile_instead(self, *args, grid, warmup, **kwargs):
         constexprs = {p.name: kwargs[p.name] for p in self.params if p.is_constexpr and p.name in kwargs}
@@ -158,11 +163,11 @@ def compile_only(capability: int):
     previous = getattr(driver, "_active", None)
     if swap:
         driver.set_active(_TargetOnly(capability))
-    JITFunction.run = compile_instead
+    JITFunction.run, Autotuner.run = compile_instead, compile_configs
     try:
         yield builds
     finally:
-        JITFunction.run = run
+        JITFunction.run, Autotuner.run = run, tune
         if swap:
             driver._active = previous
 
@@ -273,9 +278,11 @@ FIGURE_COLUMNS = "warps | regs | spill B | smem B | 128-bit ld, st | occupancy |
 
 def figure_cells(b: dict) -> str:
     """A compiled kernel's figures as Markdown cells, in FIGURE_COLUMNS order."""
-    programs = 1
-    for g in b.get("grid") or [0]:
-        programs *= g
+    programs = "—"  # a grid given as a function of the config is not known before the launch
+    if b.get("grid"):
+        programs = 1
+        for g in b["grid"]:
+            programs *= g
     occ = f"{b['occupancy']:.0%}" if "occupancy" in b else "—"
     waves = f"{b['waves']:.2f}" if b.get("waves") is not None else "—"
     vec = f"{b['loads_128']}/{b['loads']}, {b['stores_128']}/{b['stores']}" if "loads" in b else "—"
