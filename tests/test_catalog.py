@@ -10,6 +10,7 @@ Shapes are small and not block multiples; a second run forces rows to be walked 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from opforge.verify.tolerance import Tolerance, tolerance_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# where the kernels run: the CPU (Triton's interpreter), or on a GPU machine the same checks on the device:
+# OPFORGE_TEST_DEVICE=cuda TRITON_INTERPRET=0 pytest tests/test_catalog.py -k matches_float64
+DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cpu")
 
 
 def _ste_round(x64, x32):
@@ -181,13 +185,14 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
     for binding, deterministic in [(b, d) for b in bindings for d in ([False, True] if strided else [False])]:
         ins = _inputs(req, binding, dtype, gen)
         wrt = [s.requires_grad for s in req.inputs]
-        got_in = [t.clone().requires_grad_(w) for t, w in zip(ins, wrt)]
+        got_in = [t.to(DEVICE, copy=True).requires_grad_(w) for t, w in zip(ins, wrt)]
         ref_in = [(t.double() if t.is_floating_point() else t).requires_grad_(w) for t, w in zip(ins, wrt)]
         got = getattr(impl, name)(*got_in, deterministic=deterministic)
         ref = formula(*ref_in)
         got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
         grads_out = [torch.randn(r.shape, generator=gen, dtype=torch.float64).to(dtype) for r in ref]
-        got_g = torch.autograd.grad(got, [t for t in got_in if t.requires_grad], grads_out)
+        got_g = torch.autograd.grad(got, [t for t in got_in if t.requires_grad], [g.to(DEVICE) for g in grads_out])
+        got, got_g = [t.cpu() for t in got], [t.cpu() for t in got_g]
         ref_g = torch.autograd.grad(ref, [t for t in ref_in if t.requires_grad], [g.double() for g in grads_out])
         names = [f"out{i}" for i in range(len(got))] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
         k = _k(kind, binding, req)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Everything a short session on a CUDA GPU should check, in order of what it proves:
+#   1. every catalog kernel on the device against float64 (the CPU runs them only in Triton's interpreter);
+#   2. the catalog benchmark: fused kernels against eager and torch.compile, and the copy ceiling, in one run
+#      (scripts/bench_catalog.sh: docs/benchmarks/<date>-<device>.md and .json).
+# Usage: bash scripts/gpu_session.sh [options for `opforge bench catalog`, e.g. --baselines eager,compile_default]
+# PYTHON: the interpreter with a CUDA build of torch, Triton and opforge (default .venv/bin/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OPFORGE_TEST_DEVICE=cuda TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/test_catalog.py \
+  -k matches_float64
+bash scripts/bench_catalog.sh "$@"
