@@ -8,12 +8,12 @@ the `torch.library` operator with its fake and autograd registrations, and one f
 from __future__ import annotations
 
 from opforge.codegen.emit_rows import emit_row_kernel, emit_row_launcher
+from opforge.codegen.ops import REDUCE_ATOMIC as _ATOMIC
+from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
+from opforge.codegen.ops import reduce_combine
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.symbolic import pysrc
 
-_IDENTITY = {"sum": "0.0", "max": "-float('inf')", "min": "float('inf')"}
-_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
-_COMBINE = {"sum": "acc + p", "max": "tl.maximum(acc, p)", "min": "tl.minimum(acc, p)"}
 _FINISH = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
 PREAMBLE = '''\
@@ -135,7 +135,7 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
         if red and not s.block:
             b(f"    {s.target} = {s.expr}  # {s.comment}")
     for r in plan.reductions:
-        b(f"    {r.name}_run = {_IDENTITY['sum' if r.kind == 'mean' else r.kind]}")
+        b(f"    {r.name}_run = {_IDENTITY[r.kind]}")
     if red:
         b("    for start in range(pid.to(tl.int64) * BLOCK, n_elements, tl.num_programs(0) * BLOCK):")
         b("        offs = start + tl.arange(0, BLOCK)  # int64: tensors past 2**31 elements must not wrap")
@@ -156,10 +156,7 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
             val = o.value if o.block else f"{o.value} + tl.zeros((BLOCK,), tl.float32)"
             b(f"{pad}tl.store({o.name}_ptr + offs, _to_dtype({val}, {o.name}_ptr.dtype.element_ty), mask=mask)")
     for r in plan.reductions:
-        kind = "sum" if r.kind == "mean" else r.kind
-        combine = {"sum": "{0}_run + {0}_part", "max": "tl.maximum({0}_run, {0}_part)",
-                   "min": "tl.minimum({0}_run, {0}_part)"}[kind].format(r.name)
-        b(f"{pad}{r.name}_run = {combine}")
+        b(f"{pad}{r.name}_run = {reduce_combine(r.kind, f'{r.name}_run', f'{r.name}_part')}")
     for o in plan.outputs:
         if not o.in_epilogue and not o.full:
             b("    if pid == 0:")
@@ -317,7 +314,8 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
     parts.append(PREAMBLE.format(block=block, num_warps=num_warps, ordered_knob=ORDERED_KNOB if ordered else ""))
     kinds = set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else [])
     for k in sorted(kinds):
-        parts.append(_PARTIALS.format(kind=k, identity=_IDENTITY[k], combine=_COMBINE[k], finish=_FINISH[k]))
+        parts.append(_PARTIALS.format(kind=k, identity=_IDENTITY[k], combine=reduce_combine(k, "acc", "p"),
+                                      finish=_FINISH[k]))
     parts.append('''
 
 def _expect_numel(name: str, t: torch.Tensor, n: int) -> None:

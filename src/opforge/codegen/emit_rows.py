@@ -9,13 +9,13 @@ from __future__ import annotations
 import sympy
 import torch
 
-from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name, reduce_combine
+from opforge.codegen.ops import REDUCE_ATOMIC as _ATOMIC
+from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import _literal
 from opforge.codegen.rows import RowPlan
 from opforge.codegen.symbolic import SYM_OPS, atoms, product, pysrc, shape_env_of, shape_of
 
-_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}
-_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
 _KWARGS_DROPPED = ("pin_memory", "layout", "device", "memory_format")
 
 
@@ -303,8 +303,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         si = plan.info[r.source]
         kind = "sum" if r.kind == "mean" else r.kind
         fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
-        combine = {"sum": f"{r.name}_run + {r.name}_part", "max": f"tl.maximum({r.name}_run, {r.name}_part)",
-                   "min": f"tl.minimum({r.name}_run, {r.name}_part)"}[kind]
+        combine = reduce_combine(kind, f"{r.name}_run", f"{r.name}_part")
         if si.dc:
             v = e.ev(r.source, "0", body)
             where = f"tl.where({_mask(e, si)}, {v}, {_IDENTITY[kind]})"
@@ -313,8 +312,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
                 body.add(f"{r.name}_run = {combine}")
                 continue
             inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), {_IDENTITY[kind]}, tl.float32)")
-            body.add(f"{r.name}_acc = " + (f"{r.name}_acc + {where}" if kind == "sum" else
-                                          f"{'tl.maximum' if kind == 'max' else 'tl.minimum'}({r.name}_acc, {where})"))
+            body.add(f"{r.name}_acc = {reduce_combine(kind, f'{r.name}_acc', where)}")
             after.append(f"{pad}{r.name}_part = {fn}({fn}({r.name}_acc, axis=1), axis=0)  # {op_name(r.node.target)}")
         else:
             v = e.ev(r.source, "0", e.pre if si.dr else e.head)
@@ -388,9 +386,8 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     lines += ["        if PERSISTENT:", *_flatten(persistent), "        else:", *_flatten(looped)]
     n_col = len(plan.col_reductions)
     if n_col:
-        lines.append("    if PERSISTENT:  # looped rows added their column partials chunk by chunk")
-        cols = "    cols = tl.arange(0, BLOCK_C)[None, :]"
-        lines.append("    " + cols)
+        lines += ["    if PERSISTENT:  # looped rows added their column partials chunk by chunk",
+                  "        cols = tl.arange(0, BLOCK_C)[None, :]"]
         for r in plan.col_reductions:
             lines += ["        if DETERMINISTIC:",
                       f"            tl.store(colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols, "

@@ -211,6 +211,15 @@ REDUCE_KIND = {
     "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.mean.dim": "mean",
     "aten.mean.default": "mean", "aten.amax.default": "max", "aten.amin.default": "min",
 }
+# How partial results of each kind meet, in generated Triton: the identity, the atomic, and two partials combined
+# (a mean is summed, then divided).
+REDUCE_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}
+REDUCE_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+
+
+def reduce_combine(kind: str, acc: str, part: str) -> str:
+    return {"sum": f"{acc} + {part}", "mean": f"{acc} + {part}", "max": f"tl.maximum({acc}, {part})",
+            "min": f"tl.minimum({acc}, {part})"}[kind]
 
 
 def op_name(target) -> str:
