@@ -15,6 +15,7 @@ launches nothing.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import subprocess
@@ -135,9 +136,12 @@ def compile_only(capability: int):
 
     def compile_instead(self, *args, grid, warmup, **kwargs):
         constexprs = {p.name: kwargs[p.name] for p in self.params if p.is_constexpr and p.name in kwargs}
+        # a grid given as a function of the config is not known before the launch
+        known = isinstance(grid, (tuple, list))
         rec = {"kernel": self.fn.__name__, "constexprs": {k: v for k, v in constexprs.items()
                                                           if isinstance(v, (int, float, bool, str))},
-               "grid": [int(g) for g in grid] if isinstance(grid, (tuple, list)) else None}
+               "grid": [int(g) for g in grid] if known else None,
+               "programs": math.prod(int(g) for g in grid) if known else None}
         start = time.perf_counter()
         try:
             kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
@@ -145,13 +149,9 @@ def compile_only(capability: int):
             rec.update(num_warps=md.num_warps, num_stages=md.num_stages, shared_bytes=md.shared,
                        **resources(kernel.asm["cubin"]), **access_widths(kernel.asm["ptx"]))
             occ = occupancy(rec.get("registers"), md.num_warps, md.shared, capability)
-            if occ and rec["grid"]:
-                programs = 1
-                for g in rec["grid"]:
-                    programs *= g
+            if occ and rec["programs"] and occ["blocks_per_sm"]:
                 # programs over the device's resident slots: below 1 the launch leaves slots empty
-                occ["waves"] = programs / (occ["blocks_per_sm"] * SM_LIMITS[capability]["sms"]) if occ[
-                    "blocks_per_sm"] else None
+                occ["waves"] = rec["programs"] / (occ["blocks_per_sm"] * SM_LIMITS[capability]["sms"])
             rec.update(occ or {})
         except Exception as exc:  # the compiler's own message is the finding
             rec.update(_failed(rec["kernel"], exc))
@@ -253,9 +253,7 @@ def compile_op(req, arch: str = "sm_90", *, impl_path: Path | None = None, bindi
             for dt in dtypes or req.dtypes[:1]:
                 for rec in compile_calls(req, impl, binding, parse_dtype(dt), grad_names, capability):
                     builds.append({"binding": binding, "dtype": dt, **rec})
-    return {"op": req.name, "arch": arch, "builds": builds,
-            "failed": sum("error" in b for b in builds),
-            "spilling": sum(bool(b.get("spill_bytes")) for b in builds)}
+    return {"op": req.name, "arch": arch, "builds": builds, "failed": sum("error" in b for b in builds)}
 
 
 def toolchain() -> dict:
@@ -269,7 +267,7 @@ def toolchain() -> dict:
             "register_counts": "cuobjdump" if _cuobjdump() else None}
 
 
-def _shape(binding: dict) -> str:
+def shape_label(binding: dict) -> str:
     return "x".join(str(v) for v in binding.values())
 
 
@@ -278,11 +276,7 @@ FIGURE_COLUMNS = "warps | regs | spill B | smem B | 128-bit ld, st | occupancy |
 
 def figure_cells(b: dict) -> str:
     """A compiled kernel's figures as Markdown cells, in FIGURE_COLUMNS order."""
-    programs = "—"  # a grid given as a function of the config is not known before the launch
-    if b.get("grid"):
-        programs = 1
-        for g in b["grid"]:
-            programs *= g
+    programs = b["programs"] if b.get("programs") is not None else "—"
     occ = f"{b['occupancy']:.0%}" if "occupancy" in b else "—"
     waves = f"{b['waves']:.2f}" if b.get("waves") is not None else "—"
     vec = f"{b['loads_128']}/{b['loads']}, {b['stores_128']}/{b['stores']}" if "loads" in b else "—"
@@ -305,10 +299,10 @@ def to_markdown(report: dict) -> str:
     for op in report["ops"]:
         for b in op["builds"]:
             short = b["kernel"].removeprefix(f"_{op['op']}_").removesuffix("_kernel")
-            head = f"| {op['op']} | {_shape(b['binding'])} | {b['dtype']} | {b['pass']} | {short} |"
+            head = f"| {op['op']} | {shape_label(b['binding'])} | {b['dtype']} | {b['pass']} | {short} |"
             if "error" in b:
                 lines.append(head + " — |" * 10 + " **failed** |")
-                notes.append(f"- **{op['op']} {short}** ({_shape(b['binding'])}): {b['error']}")
+                notes.append(f"- **{op['op']} {short}** ({shape_label(b['binding'])}): {b['error']}")
                 continue
             cx = ", ".join(f"{k}={v}" for k, v in b["constexprs"].items())
             status = "spills" if b.get("spill_bytes") else "ok"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from opforge.bench.aot import shape_label
 from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import BASELINES, COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
@@ -177,7 +178,7 @@ def to_markdown(report: dict) -> str:
     for r in report["ops"]:
         if "error" in r:
             continue
-        shape = "x".join(str(v) for v in r["binding"].values())
+        shape = shape_label(r["binding"])
         for p, cp in (("forward", "forward"), ("forward_backward", "backward")):
             if f"eager_{p}" not in r["times"]:
                 continue

@@ -128,14 +128,9 @@ def compile_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     report = {"arch": arch, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "toolchain": toolchain(), "ops": [], "failed": 0}
-    if report["toolchain"]["unavailable"]:  # nothing to compile with: said, not failed
-        if json_file and str(json_file) != "-":
-            write_json_atomic(json_file, report)
-        if md_file:
-            write_text_atomic(md_file, to_markdown(report))
-        typer.echo(json.dumps(report, indent=2) if str(json_file) == "-" else to_markdown(report))
-        return
+              "toolchain": toolchain(), "ops": []}
+    if report["toolchain"]["unavailable"]:  # nothing to compile with: the report says so, and nothing failed
+        reqs = []
     quiet = str(json_file) == "-" or not sys.stderr.isatty()
     with Progress(TextColumn("compile"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=console, disable=quiet) as bar:

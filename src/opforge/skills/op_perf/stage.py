@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from opforge.bench.aot import FIGURE_COLUMNS, figure_cells
+from opforge.bench.aot import FIGURE_COLUMNS, figure_cells, shape_label
 from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
@@ -124,7 +124,7 @@ def _compiled(report: dict | None, spec: dict) -> dict | None:
         return {"arch": report["arch"], "unavailable": report["toolchain"]["unavailable"], "kernels": []}
     dt = spec["supported_dtypes"][0]
     keep = ("binding", "pass", "kernel", "num_warps", "registers", "spill_bytes", "shared_bytes", "loads", "loads_128",
-            "stores", "stores_128", "occupancy", "grid", "waves", "error")
+            "stores", "stores_128", "occupancy", "grid", "programs", "waves", "error")
     return {"arch": report["arch"], "dtype": dt, "unavailable": None,
             "kernels": [{k: b[k] for k in keep if k in b} for op in report["ops"] for b in op["builds"]
                         if b["dtype"] == dt]}
@@ -220,7 +220,7 @@ def _md_compiled(c: dict | None) -> list[str]:
               "whole SMs idle.", "",
               f"| shape | pass | kernel | {FIGURE_COLUMNS} |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in c["kernels"]:
-        head = f"| {'x'.join(str(v) for v in k['binding'].values())} | {k['pass']} | {k['kernel']} |"
+        head = f"| {shape_label(k['binding'])} | {k['pass']} | {k['kernel']} |"
         if "error" in k:
             lines.append(f"{head} **does not compile:** {k['error']} |")
         else:
@@ -263,7 +263,7 @@ def _plot(ws: Workspace, rows, ceiling=None) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [f"{r['dtype']}\n{'x'.join(str(v) for v in r['binding'].values())}" for r in rows]
+    labels = [f"{r['dtype']}\n{shape_label(r['binding'])}" for r in rows]
     xs = range(len(rows))
     width = 0.2
     if rows[0].get("figures"):
