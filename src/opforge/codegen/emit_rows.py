@@ -344,7 +344,7 @@ def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, p
 
 
 def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
-    cross = bool(plan.full_reductions or plan.col_reductions)
+    cross = plan.reduces_across_programs
     params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs]
     params += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     if cross:
@@ -481,6 +481,19 @@ def _size_sources(names: dict, dims: dict) -> dict:
     return out
 
 
+def launch_setup(blocks: str, kinds: list[str], dev: str) -> list[str]:
+    """A launcher's grid over `blocks` and, for a kernel that reduces across programs (`kinds`: one per full
+    reduction), the grid capped at MAX_PROGRAMS and the buffers where programs meet: atomics' accumulators,
+    ordered partials, the ticket that finds the last program."""
+    if not kinds:
+        return [f"    grid = (max(1, {blocks}),)"]
+    return [f"    grid = (max(1, min({blocks}, MAX_PROGRAMS)),)",
+            "    ordered = deterministic or ORDERED_PARTIALS",
+            f"    acc = torch.tensor([{', '.join(_IDENTITY[k] for k in kinds)}], dtype=torch.float32, device={dev})",
+            f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})",
+            f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})"]
+
+
 def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],
                       runtime_attrs: list[str]) -> str:
     """Allocates outputs and launches the kernel; torch does no math here. `dims`: graph symbol -> source."""
@@ -510,24 +523,18 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b(f"    n_rows, n_cols = {plan.n_rows}, {plan.n_cols}")
     b("    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK_C)")
     b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
-    full, col = plan.full_reductions, plan.col_reductions
-    if full or col:
-        b("    grid = (max(1, min(triton.cdiv(n_rows, BLOCK_R), MAX_PROGRAMS)),)")
-    else:
-        b("    grid = (max(1, triton.cdiv(n_rows, BLOCK_R)),)")
+    cross = plan.reduces_across_programs
+    kinds = [("sum" if r.kind == "mean" else r.kind) for r in plan.full_reductions] or ["sum"]
+    out += launch_setup("triton.cdiv(n_rows, BLOCK_R)", kinds if cross else [], dev)
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     args += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     extra = ""
-    if full or col:
-        kinds = [("sum" if r.kind == "mean" else r.kind) for r in full] or ["sum"]
-        b("    ordered = deterministic or ORDERED_PARTIALS")
-        b(f"    acc = torch.tensor([{', '.join(_IDENTITY[k] for k in kinds)}], dtype=torch.float32, device={dev})")
-        b(f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})")
-        b(f"    colacc = torch.zeros(max(1, {len(col)} * n_cols), dtype=torch.float32, device={dev})")
-        b(f"    colpart = torch.zeros(grid[0] * {len(col)} * n_cols if ordered else 1, dtype=torch.float32, "
+    if cross:
+        n_col = len(plan.col_reductions)
+        b(f"    colacc = torch.zeros(max(1, {n_col} * n_cols), dtype=torch.float32, device={dev})")
+        b(f"    colpart = torch.zeros(grid[0] * {n_col} * n_cols if ordered else 1, dtype=torch.float32, "
           f"device={dev})")
-        b(f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})")
-        args += ["acc", "partials", "colacc", "colpart", "ticket"]
+        args += ["acc", "partials", "colacc", "colpart", "ticket"]  # the kernel's parameter order
         extra = ", RBLOCK=RBLOCK, DETERMINISTIC=ordered"
     args += atoms(names) + plan.attrs
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "

@@ -81,6 +81,10 @@ class KernelPlan:
     def reduce_kinds(self) -> list[str]:
         return sorted({"sum" if r.kind == "mean" else r.kind for r in self.reductions})
 
+    @property
+    def reduces_across_programs(self) -> bool:
+        return bool(self.reductions)
+
 
 def _numel(val) -> sympy.Expr:
     n = sympy.Integer(1)

@@ -120,6 +120,11 @@ class RowPlan:
     def reduce_kinds(self) -> list[str]:
         return sorted({"sum" if r.kind == "mean" else r.kind for r in self.reductions if r.axis == "full"})
 
+    @property
+    def reduces_across_programs(self) -> bool:
+        """Column or full reductions: programs meet through atomics or partials."""
+        return bool(self.full_reductions or self.col_reductions)
+
     def phase_of(self, r: RowReduction) -> int:
         """The walk that reduces `r` when rows are walked in chunks: its source's depth, or its max's."""
         return self.info[(r.online or r).source].level
@@ -509,6 +514,10 @@ class ChainPlan:
     @property
     def reduce_kinds(self):
         return sorted({x for k in self.kernels for x in k.reduce_kinds})
+
+    @property
+    def reduces_across_programs(self) -> bool:
+        return any(k.reduces_across_programs for k in self.kernels)
 
 
 def _copy_graph(gm: torch.fx.GraphModule):
