@@ -237,7 +237,7 @@ def load_request(request_dir: str | Path) -> Request:
             dtypes = list(target.dtypes)
         else:
             dtypes = _dtype_list(dtype, f"{REQUEST_FILE}: {where}dtype")
-        default_grad = backward and i == 0
+        default_grad = backward and dtypes[0] not in INDEX_DTYPES
         rg = _field(spec, "requires_grad", where, bool, required=False, default=default_grad)
         rng = _field(spec, "range", where, list, required=False, default=None)
         edges = _field(spec, "edges", where, list, required=False, default=[])

@@ -29,8 +29,10 @@ The impl module `<op>_impl.py` (read by the tests; the gates read its source):
 - `@triton.jit` kernels do all the arithmetic. Outside them only allocation (`torch.empty`, `torch.empty_like`,
   `torch.zeros`, `torch.full`), views (`.contiguous()`, `.view()`, `.reshape()`, `.numel()`, `.stride()`) and
   kernel launches are allowed (gate G5-IMPL-TRITON-ONLY); no torch math, no casts, no `.item()`.
-- It never imports or names the golden or the reference, not even in a string (gate G5-IMPL-SEPARATE), and
-  imports only torch, triton (with triton.language and its extra/libdevice), math, functools and typing.
+- It never imports or names the golden or the reference, not even in a string (gate G5-IMPL-SEPARATE). It
+  imports only torch, triton (with triton.language and its extra/libdevice), math, functools, typing and os, and
+  of os uses only `os.environ` (read, `setdefault`), `os.getenv` and `os.path`; no torch.nn, torch.fft,
+  torch.linalg, torch.special, torch.compile or torch.ops.aten; no open, exec, eval (gate G5-IMPL-IMPORTS).
 - `_<op>_op` is a `torch.library.custom_op("opforge::<op>", mutates_args=())` taking the tensors in request
   order, then each run-time float attribute, then `deterministic: bool`; it has `register_fake`, and
   `register_autograd` when the request has a backward.

@@ -11,7 +11,7 @@ from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exp
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
 from opforge.codegen.symbolic import shape_env_of, shape_of
 from opforge.codegen.trace import TracedOp, trace_request
-from opforge.request import Request
+from opforge.request import INDEX_DTYPES, Request
 
 
 @dataclass
@@ -75,7 +75,9 @@ def generate_impl(req: Request, build: Build) -> str:
     return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.input_names,
                        grad_inputs=t.grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
                        attr_defaults=req.attr_defaults, fixed_attrs=fixed, dims=build.dims,
-                       input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic)
+                       input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic,
+                       no_grad_inputs=tuple(s.name for s in req.inputs
+                                            if not s.requires_grad and s.dtypes[0] not in INDEX_DTYPES))
 
 
 def symbol_map(gm, req: Request, products: bool = False) -> dict:

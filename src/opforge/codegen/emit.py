@@ -7,14 +7,12 @@ the `torch.library` operator with its fake and autograd registrations, and one f
 
 from __future__ import annotations
 
-from opforge.codegen.emit_rows import emit_row_kernel, emit_row_launcher, launch_setup
-from opforge.codegen.ops import REDUCE_ATOMIC as _ATOMIC
+from opforge.codegen.across import finish, helpers, launch_setup, meet
+from opforge.codegen.emit_rows import emit_row_kernel, emit_row_launcher
+from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
-from opforge.codegen.ops import reduce_combine
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.symbolic import pysrc
-
-_FINISH = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
 PREAMBLE = '''\
 from __future__ import annotations
@@ -56,16 +54,6 @@ def _row_launch(tile: int) -> dict:
 
 
 @triton.jit
-def _round_half_even(x):
-    # torch.round: halves go to the even neighbour. Built from floor so that it is exact everywhere.
-    f = tl.floor(x)
-    frac = x - f  # exact: a float's fraction is representable
-    f_odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
-    r = tl.where((frac > 0.5) | ((frac == 0.5) & f_odd), f + 1.0, f)
-    return tl.where(r == 0.0, x * 0.0, r)  # keep the sign of zero: round(-0.4) is -0.0
-
-
-@triton.jit
 def _to_f32(x):
     # loads are widened on the bits for bfloat16: exact for subnormals too, which the interpreter's cast flushes
     if x.dtype == tl.bfloat16:
@@ -87,18 +75,6 @@ def _to_dtype(x, DTYPE: tl.constexpr):
         return x.to(DTYPE)
 '''
 
-_PARTIALS = '''
-
-@triton.jit
-def _{kind}_partials(ptr, stride, n, RBLOCK: tl.constexpr):
-    # program order, so the same inputs give the same bits on every run
-    acc = tl.full((RBLOCK,), {identity}, tl.float32)
-    for start in range(0, n, RBLOCK):
-        idx = start + tl.arange(0, RBLOCK)
-        p = tl.load(ptr + idx * stride, mask=idx < n, other={identity})
-        acc = {combine}
-    return {finish}(acc, axis=0)
-'''
 
 
 def _py_shape(shape: list, dims: dict) -> str:
@@ -165,28 +141,8 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
         b(f"    {r.name}_part = {r.name}_run")
     if red:
         n = len(plan.reductions)
-        b("    # Across blocks: atomics into acc, or (DETERMINISTIC) one partial per program summed in order.")
-        b("    if DETERMINISTIC:")
-        for r in plan.reductions:
-            b(f"        tl.store(partials_ptr + pid * {n} + {r.slot}, {r.name}_part)")
-        b("    else:")
-        for r in plan.reductions:
-            kind = "sum" if r.kind == "mean" else r.kind
-            b(f"        {_ATOMIC[kind]}(acc_ptr + {r.slot}, {r.name}_part)")
-        b("    # acq_rel ticket: the last program to take one sees every other program's result")
-        b("    ticket = tl.atomic_add(ticket_ptr, 1)")
-        b("    if ticket == tl.num_programs(0) - 1:")
-        b("        if DETERMINISTIC:")
-        for r in plan.reductions:
-            kind = "sum" if r.kind == "mean" else r.kind
-            b(f"            {r.name} = _{kind}_partials(partials_ptr + {r.slot}, {n}, tl.num_programs(0), RBLOCK)")
-        b("        else:")
-        for r in plan.reductions:
-            kind = "sum" if r.kind == "mean" else r.kind
-            b(f"            {r.name} = {_ATOMIC[kind]}(acc_ptr + {r.slot}, {_IDENTITY[kind]})  # atomic read")
-        for r in plan.reductions:
-            if r.kind == "mean":
-                b(f"        {r.name} = tl.div_rn({r.name}, n_elements.to(tl.float32))")
+        lines += meet(plan.reductions, n, "    ")
+        lines += finish(plan.reductions, n, "        ", lambda r: "n_elements.to(tl.float32)")
         for s in plan.epilogue:
             b(f"        {s.target} = {s.expr}  # {s.comment}")
         for o in plan.outputs:
@@ -286,8 +242,11 @@ def _kernel_count(plan) -> str:
 def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | None, *, inputs: list[str],
                 grad_inputs: list[str], output_names: list[str], runtime_attrs: list[str],
                 attr_defaults: dict, fixed_attrs: dict, dims: dict, input_shapes: dict,
-                deterministic: bool = False, block: int = 1024, num_warps: int = 4) -> str:
-    """The whole impl module. `dims` maps shape symbols to Python expressions like 'weight.shape[0]'."""
+                no_grad_inputs: tuple[str, ...] = (), deterministic: bool = False, block: int = 1024,
+                num_warps: int = 4) -> str:
+    """The whole impl module. `dims` maps shape symbols to Python expressions like 'weight.shape[0]'.
+    `no_grad_inputs` are the floating inputs the request built without a gradient: the op refuses one that
+    requires grad, which autograd would otherwise hand back a None for."""
     parts = [f'"""{op}: fused Triton kernels, launch wrappers and the torch.library operator.\n\n'
              f"{description}.\n"
              f"Forward: {_kernel_count(fwd)}. Backward: {_kernel_count(bwd) if bwd else 'none (backward: false)'}.\n"
@@ -296,10 +255,7 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
              '"""\n']
     ordered = any(p.reduces_across_programs for p in (fwd, bwd) if p is not None)
     parts.append(PREAMBLE.format(block=block, num_warps=num_warps, ordered_knob=ORDERED_KNOB if ordered else ""))
-    kinds = set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else [])
-    for k in sorted(kinds):
-        parts.append(_PARTIALS.format(kind=k, identity=_IDENTITY[k], combine=reduce_combine(k, "acc", "p"),
-                                      finish=_FINISH[k]))
+    parts.append(helpers(set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else []), ordered))
     parts.append('''
 
 def _expect_numel(name: str, t: torch.Tensor, n: int) -> None:
@@ -322,8 +278,9 @@ def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)} for this operator, got {tuple(t.shape)}")
 
 ''')
-    for plan in (fwd, bwd) if bwd else (fwd,):
-        parts.append("\n" + _kernel_source(op, plan) + "\n")
+    kernels = ["\n" + _kernel_source(op, plan) + "\n" for plan in ((fwd, bwd) if bwd else (fwd,))]
+    parts += ["\n" + src for name, src in HELPERS.items() if any(f"{name}(" in k for k in kernels)]
+    parts += kernels
 
     attr_sig = ", ".join(f"{a}: float" for a in runtime_attrs)
     tensor_sig = ", ".join(f"{t}: torch.Tensor" for t in inputs)
@@ -348,7 +305,7 @@ def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
 
 @torch.library.custom_op("opforge::{op}", mutates_args=())
 def _{op}_op({tensor_sig}{', ' + attr_sig if attr_sig else ''}, deterministic: bool) -> {ret_t}:
-    outs = {op}_forward({', '.join(inputs)}{call_attrs})
+    outs = {op}_forward({', '.join(inputs)}{call_attrs}, deterministic=deterministic)
     return {'outs[0]' if n_out == 1 else 'outs'}
 
 
@@ -393,6 +350,12 @@ _{op}_op.register_autograd(_backward, setup_context=_setup_context)
     fixed_check = "".join(
         f"    if {a} != {v!r}:\n        raise ValueError(\"{a}: this build is specialised to {a}={v!r}\")\n"
         for a, v in fixed_attrs.items())
+    # autograd would silently give None for an input built without a gradient
+    grad_check = "".join(
+        f"    if torch.is_grad_enabled() and {n}.requires_grad:\n"
+        f'        raise ValueError("{n}: this operator was built without a gradient for {n} (requires_grad: "\n'
+        f'                         "false in its request); pass {n}.detach() or rebuild with requires_grad: true")\n'
+        for n in no_grad_inputs) if bwd else ""
     parts.append(f'''
 
 def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = {deterministic!r}):
@@ -401,7 +364,7 @@ def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, det
     Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}. Float attributes are run-time
     arguments. deterministic=True makes reductions bit-reproducible run to run (ordered partials).
     """
-{fixed_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)},
+{fixed_check}{grad_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)},
         {' ' * len(op)}bool(deterministic))
 ''')
     return "".join(parts)

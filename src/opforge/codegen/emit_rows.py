@@ -9,8 +9,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, op_name, reduce_combine
-from opforge.codegen.ops import REDUCE_ATOMIC as _ATOMIC
+from opforge.codegen.across import finish, launch_setup, meet
+from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, block_reduce, op_name, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import _literal
 from opforge.codegen.rows import RowPlan
@@ -302,23 +302,22 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
     for r in plan.full_reductions:
         si = plan.info[r.source]
         kind = "sum" if r.kind == "mean" else r.kind
-        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
         combine = reduce_combine(kind, f"{r.name}_run", f"{r.name}_part")
         if si.dc:
             v = e.ev(r.source, "0", body)
             where = f"tl.where({_mask(e, si)}, {v}, {_IDENTITY[kind]})"
             if persistent:
-                body.add(f"{r.name}_part = {fn}({fn}({where}, axis=1), axis=0)  # {op_name(r.node.target)}")
+                body.add(f"{r.name}_part = {block_reduce(kind, where)}  # {op_name(r.node.target)}")
                 body.add(f"{r.name}_run = {combine}")
                 continue
             inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), {_IDENTITY[kind]}, tl.float32)")
             body.add(f"{r.name}_acc = {reduce_combine(kind, f'{r.name}_acc', where)}")
-            after.append(f"{pad}{r.name}_part = {fn}({fn}({r.name}_acc, axis=1), axis=0)  # {op_name(r.node.target)}")
+            after.append(f"{pad}{r.name}_part = {block_reduce(kind, r.name + '_acc')}  # {op_name(r.node.target)}")
         else:
             v = e.ev(r.source, "0", e.pre if si.dr else e.head)
             mask = "rmask" if si.dr else "rb == 0"  # a value with no rows counts once, in the first row block
-            after.append(f"{pad}{r.name}_part = {fn}({fn}(tl.where({mask}, {v} + tl.zeros((BLOCK_R, 1), tl.float32), "
-                         f"{_IDENTITY[kind]}), axis=1), axis=0)  # {op_name(r.node.target)}")
+            rows_v = f"tl.where({mask}, {v} + tl.zeros((BLOCK_R, 1), tl.float32), {_IDENTITY[kind]})"
+            after.append(f"{pad}{r.name}_part = {block_reduce(kind, rows_v)}  # {op_name(r.node.target)}")
         after.append(f"{pad}{r.name}_run = {combine}")
     if persistent:
         blocks.append(after)
@@ -414,26 +413,8 @@ def _cross_program(plan: RowPlan) -> list[str]:
     epi = _Block(2, False)
     e.head = e.pre = epi  # scalars are recomputed here: they may not have been needed before
     n_full = max(1, len(full))
-    out = ["    # Across programs: atomics, or (DETERMINISTIC) partials summed in program order by the last program."]
-    if full:
-        out.append("    if DETERMINISTIC:")
-        out += [f"        tl.store(partials_ptr + pid * {n_full} + {r.slot}, {r.name}_part)" for r in full]
-        out.append("    else:")
-        for r in full:
-            kind = "sum" if r.kind == "mean" else r.kind
-            out.append(f"        {_ATOMIC[kind]}(acc_ptr + {r.slot}, {r.name}_part)")
-    out += ["    # acq_rel ticket: the last program to take one sees every other program's results",
-            "    ticket = tl.atomic_add(ticket_ptr, 1)",
-            "    if ticket == tl.num_programs(0) - 1:"]
+    out = meet(full, n_full, "    ") + finish(full, n_full, "        ", lambda r: f"({r.count}) * 1.0")
     for r in full:
-        kind = "sum" if r.kind == "mean" else r.kind
-        out += ["        if DETERMINISTIC:",
-                f"            {r.name} = _{kind}_partials(partials_ptr + {r.slot}, {n_full}, tl.num_programs(0), "
-                "RBLOCK)",
-                "        else:",
-                f"            {r.name} = {_ATOMIC[kind]}(acc_ptr + {r.slot}, {_IDENTITY[kind]})  # atomic read"]
-        if r.kind == "mean":
-            out.append(f"        {r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)")
         e.rowvals[r.node] = r.name
     stores = []
     for o, node in zip(plan.outputs, plan.out_nodes):
@@ -447,7 +428,8 @@ def _cross_program(plan: RowPlan) -> list[str]:
         for r in col:
             body.add(f"{r.name} = tl.zeros((1, BLOCK_C), tl.float32)")
             body.add("if DETERMINISTIC:")
-            body.add("    for p in range(0, tl.num_programs(0)):  # program order: the same bits every run")
+            body.add("    for p in range(0, tl.num_programs(0).to(tl.int64)):  # int64 p: p * n_cols may pass "
+                     "2**31; in order: the same bits every run")
             body.add(f"        {r.name} += tl.load(colpart_ptr + (p * {len(col)} + {r.slot}) * n_cols + cols, "
                      "mask=cols < n_cols, other=0.0)")
             body.add("else:")
@@ -479,19 +461,6 @@ def _size_sources(names: dict, dims: dict) -> dict:
             if coeff is not None and coeff.is_Integer and str(free[0]) not in out:
                 out[str(free[0])] = f"{dims[s]} // {coeff}"
     return out
-
-
-def launch_setup(blocks: str, kinds: list[str], dev: str) -> list[str]:
-    """A launcher's grid over `blocks` and, for a kernel that reduces across programs (`kinds`: one per full
-    reduction), the grid capped at MAX_PROGRAMS and the buffers where programs meet: atomics' accumulators,
-    ordered partials, the ticket that finds the last program."""
-    if not kinds:
-        return [f"    grid = (max(1, {blocks}),)"]
-    return [f"    grid = (max(1, min({blocks}, MAX_PROGRAMS)),)",
-            "    ordered = deterministic or ORDERED_PARTIALS",
-            f"    acc = torch.tensor([{', '.join(_IDENTITY[k] for k in kinds)}], dtype=torch.float32, device={dev})",
-            f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})",
-            f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})"]
 
 
 def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],

@@ -142,25 +142,3 @@ def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict 
 def _hint(expr, env) -> int:
     return hint(expr, env) or 0
 
-
-def eager_cost(gm: torch.fx.GraphModule, binding_numel: dict, elem_bytes: int) -> dict:
-    """What eager PyTorch costs: one kernel per computing node, each reading its inputs and writing its
-    output in the op's dtype (masks one byte per element). `binding_numel` maps node -> element count."""
-    kernels, nbytes = 0, 0
-    for n in gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        rule = OP_TABLE.get(op_name(n.target))
-        if (rule and rule.kind == VIEW) or not isinstance(n.meta.get("val"), torch.Tensor):
-            continue  # views are free; arithmetic on sizes runs on the host
-        kernels += 1
-
-        def size(x):
-            val = x.meta.get("val")
-            if not isinstance(val, torch.Tensor):
-                return 0
-            b = 1 if val.dtype == torch.bool else elem_bytes
-            return binding_numel(x) * b
-
-        nbytes += size(n) + sum(size(a) for a in n.all_input_nodes)
-    return {"kernels": kernels, "bytes": nbytes}

@@ -28,6 +28,32 @@ class OpRule:
     primitive: str  # the Triton primitive(s), for the API report
 
 
+# Jit helpers that OP_TABLE's expressions call; a module gets those its kernels call (codegen/emit.py).
+HELPERS = {
+    "_round_half_even": '''
+@triton.jit
+def _round_half_even(x):
+    # torch.round: halves go to the even neighbour. Built from floor so that it is exact everywhere.
+    f = tl.floor(x)
+    frac = x - f  # exact: a float's fraction is representable
+    f_odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    r = tl.where((frac > 0.5) | ((frac == 0.5) & f_odd), f + 1.0, f)
+    return tl.where(r == 0.0, x * 0.0, r)  # keep the sign of zero: round(-0.4) is -0.0
+''',
+    "_tanh": '''
+@triton.jit
+def _tanh(x):
+    # 1 - 2/(exp(2t) + 1) cancels near 0 (4.6% off at 1e-6), so below 0.55 an odd polynomial takes over,
+    # a least-squares fit of tanh(t)/t in t*t within 1.3 ulp in float32; exp overflowing to inf gives 1.
+    t = tl.abs(x)
+    u = t * t
+    p = t * (1.0 + u * (-0.33333319 + u * (0.13332662 + u * (-0.053860210 + u * (0.021104177 + u * -0.0063200351)))))
+    r = tl.where(t < 0.55, p, 1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0))
+    return tl.where((x != x) | (x == 0.0), x, tl.where(x < 0.0, -r, r))  # NaN and the sign of zero kept
+''',
+}
+
+
 def _bin(sym):
     return lambda a, b, alpha=None, **_: f"{a} {sym} {b}" if alpha in (None, 1, 1.0) else f"{a} {sym} {b} * {alpha}"
 
@@ -69,13 +95,21 @@ def _pow(a, e, **_):
     return f"tl.exp2(tl.log2({a}) * {e})"
 
 
+_INT_DTYPES = ("torch.int64", "torch.int32", "torch.int16", "torch.int8", "torch.uint8")
+
+
 def _cast(a, dtype=None, **_):
-    # compute stays float32: a cast to a narrower float is a rounding step, to float32 is a no-op
+    # compute stays float32: a cast to a narrower float is a rounding step, to float32 is a no-op, to an integer
+    # type a truncation
     narrow = {"torch.bfloat16": "tl.bfloat16", "torch.float16": "tl.float16"}.get(str(dtype))
     if narrow:
         return f"_to_dtype({a}, {narrow}).to(tl.float32)"
     if str(dtype) == "torch.bool":
         return f"({a} != 0)"
+    if str(dtype) in _INT_DTYPES:
+        # torch truncates toward zero; out of the integer type's range (NaN, inf) the C++ cast is undefined
+        # behaviour, so torch defines no value there and the kernel keeps the truncated float
+        return f"tl.where({a} < 0, tl.ceil({a}), tl.floor({a}))"
     return a
 
 
@@ -112,8 +146,7 @@ OP_TABLE: dict[str, OpRule] = {
                            f"(tl.exp({a}) - 1.0) * tl.div_rn({a}, tl.log(tl.exp({a})))))", False, "tl.exp, tl.log"),
     "aten.exp2.default": OpRule(_P, lambda a, **_: f"tl.exp2({a})", False, "tl.exp2"),
     "aten.log2.default": OpRule(_P, lambda a, **_: f"tl.log2({a})", False, "tl.log2"),
-    "aten.tanh.default": OpRule(
-        _P, lambda a, **_: f"(1.0 - tl.div_rn(2.0, tl.exp(2.0 * {a}) + 1.0))", False, "tl.exp"),
+    "aten.tanh.default": OpRule(_P, lambda a, **_: f"_tanh({a})", False, "tl.exp, a polynomial near 0"),
     "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, 1.0 + tl.exp(-{a}))", False, "tl.exp"),
     "aten.erf.default": OpRule(_P, lambda a, **_: f"tl.math.erf({a})", False, "tl.math.erf"),
     "aten.sin.default": OpRule(_P, lambda a, **_: f"tl.sin({a})", False, "tl.sin"),
@@ -162,7 +195,7 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.logical_or.default": OpRule(_P, lambda a, b, **_: f"({a}) | ({b})", True, "|"),
     "aten.logical_or_.default": OpRule(_P, lambda a, b, **_: f"({a}) | ({b})", True, "|"),
     "aten.logical_not.default": OpRule(_P, lambda a, **_: f"({a}) == 0", True, "=="),
-    "aten._to_copy.default": OpRule(_P, _cast, True, ".to"),
+    "aten._to_copy.default": OpRule(_P, _cast, True, ".to (integers: tl.floor/tl.ceil toward zero)"),
     # constants
     "aten.full_like.default": OpRule(CONSTANT, lambda a, v, **_: f"{v}", True, "literal"),
     "aten.scalar_tensor.default": OpRule(CONSTANT, lambda v, **_: f"{v}", True, "literal"),
@@ -218,8 +251,15 @@ REDUCE_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atom
 
 
 def reduce_combine(kind: str, acc: str, part: str) -> str:
-    return {"sum": f"{acc} + {part}", "mean": f"{acc} + {part}", "max": f"tl.maximum({acc}, {part})",
-            "min": f"tl.minimum({acc}, {part})"}[kind]
+    """Two partial results combined; a NaN in either wins, as in torch's amax and amin."""
+    if kind in ("sum", "mean"):
+        return f"{acc} + {part}"
+    return (_nan_max if kind == "max" else _nan_min)(acc, part)
+
+
+def block_reduce(kind: str, block: str) -> str:
+    """A block of any shape reduced to one value: tl.sum, or a max/min that keeps NaN (codegen/across.py)."""
+    return f"tl.sum({block})" if kind in ("sum", "mean") else f"_{kind}_keep_nan({block})"
 
 
 def op_name(target) -> str:

@@ -16,7 +16,19 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, REDUCE_KIND, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import (
+    COLUMN,
+    CONSTANT,
+    OP_TABLE,
+    REDUCE_IDENTITY,
+    REDUCE_KIND,
+    REDUCTION,
+    SHIFT,
+    SYMBOLIC,
+    VIEW,
+    block_reduce,
+    op_name,
+)
 from opforge.codegen.trace import AttrRef
 
 
@@ -75,7 +87,6 @@ class KernelPlan:
     reductions: list[Reduction]
     epilogue: list[Stmt]
     op_counts: Counter = field(default_factory=Counter)
-    eager_kernels: int = 0
 
     @property
     def reduce_kinds(self) -> list[str]:
@@ -181,7 +192,6 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     attrs: list[str] = []
     inputs: list[TensorArg] = []
     counts: Counter = Counter()
-    eager = 0
     seen_body: dict[str, str] = {}
     seen_epi: dict[str, str] = {}
 
@@ -216,7 +226,6 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             src = node.args[0]
             var[node], full[node], after_reduce[node] = var[src], full[src], after_reduce[src]
             continue
-        eager += 1
         target = node.name
         if rule.kind == REDUCTION:
             src = node.args[0]
@@ -229,9 +238,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             kind = REDUCE_KIND[key]
             slot = len(reductions)
             part = f"{target}_part"
-            identity = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}[kind]
-            reducer = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
-            body.append(Stmt(part, f"{reducer}(tl.where(mask, {var[src]}, {identity}), axis=0)",
+            body.append(Stmt(part, block_reduce(kind, f"tl.where(mask, {var[src]}, {REDUCE_IDENTITY[kind]})"),
                              f"{key}: this block's share"))
             reductions.append(Reduction(target, kind, var[src], slot))
             var[node], full[node], after_reduce[node] = target, False, True
@@ -267,4 +274,4 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             raise Unsupported([], f"output {oname} is full-size but needs a finished reduction")
         outs.append(OutArg(oname, var[node], o_full, after_reduce[node], shape_exprs(node.meta["val"]),
                            output_like.get(oname), exact[node], full[node]))
-    return KernelPlan(name, inputs, outs, attrs, body, reductions, epilogue, counts, eager)
+    return KernelPlan(name, inputs, outs, attrs, body, reductions, epilogue, counts)

@@ -110,7 +110,6 @@ class RowPlan:
     symbols: dict  # graph symbol -> kernel/launcher name
     phases: int
     op_counts: dict = field(default_factory=dict)
-    eager_kernels: int = 0
     dims: dict = field(default_factory=dict)  # graph symbol -> source reading it off an input
     input_names: list = field(default_factory=list)
 
@@ -203,7 +202,6 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     inputs: list[RowInput] = []
     reductions: list[RowReduction] = []
     counts: dict = {}
-    eager = 0
 
     def map_input(node, pname) -> RowInput:
         shape = shape_of(node, env)
@@ -334,7 +332,6 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             # view whose last dimensions no longer span one row are refused where they happen
             info[node] = info[node.args[0]]
             continue
-        eager += 1
         if rule.kind == SHIFT:
             info[node] = _shift_info(node, key, info, env, combine)
             continue
@@ -407,7 +404,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
     _pair_online(reductions)
     return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
-                   pysrc(C, sym_names), sym_names, phases, counts, eager, input_names=list(input_names))
+                   pysrc(C, sym_names), sym_names, phases, counts, input_names=list(input_names))
 
 
 def _unviewed(n):
@@ -506,10 +503,6 @@ class ChainPlan:
     @property
     def epilogue(self):
         return [n for k in self.kernels for n in k.epilogue]
-
-    @property
-    def eager_kernels(self):
-        return self.kernels[-1].eager_kernels
 
     @property
     def reduce_kinds(self):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from opforge.codegen.build import numel_of
-from opforge.codegen.graph_text import eager_cost
+from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.trace import trace_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
@@ -26,27 +26,30 @@ def _outputs(gm):
     return [v for v in vals if hasattr(v, "op")]
 
 
-def _pass_cost(gm, numel, eb: int, n_inputs: int | None = None) -> dict:
+def _pass_cost(gm, numel, eb: int, eager: dict, n_inputs: int | None = None) -> dict:
     places = [n for n in gm.graph.nodes if n.op == "placeholder"][:n_inputs]
     fused = sum(numel(p) for p in places) * eb + sum(numel(o) for o in _outputs(gm)) * eb
-    eager = eager_cost(gm, numel, eb)
     n_elem = max([numel(p) for p in places] or [0])
     flops = sum(1 for n in gm.graph.nodes if n.op == "call_function") * n_elem
-    return {"fused_kernels": 1, "fused_bytes": fused, "eager_kernels": eager["kernels"], "eager_bytes": eager["bytes"],
+    # max(1, ...): reports divide by the eager figures
+    return {"fused_kernels": 1, "fused_bytes": fused, "eager_kernels": max(1, eager["kernels"]),
+            "eager_bytes": max(1, eager["bytes"]), "eager_ops": eager["ops"],
             "flops": flops, "arithmetic_intensity": round(flops / max(1, fused), 3)}
 
 
 def cost_rows(req, traced) -> list[dict]:
     rows = []
+    fn = req.load_reference()
     for binding in req.p0:
         for dt in req.dtypes:
             eb = ELEM_BYTES.get(dt, 4)
-            fwd = _pass_cost(traced.forward, numel_of(traced.forward, req, binding), eb)
-            row = {"binding": binding, "dtype": dt, "elements": 0, "forward": fwd}
+            eager = eager_cost(req, binding, dt, fn)
+            row = {"binding": binding, "dtype": dt, "elements": 0,
+                   "forward": _pass_cost(traced.forward, numel_of(traced.forward, req, binding), eb,
+                                         eager["forward"])}
             if traced.joint is not None:
-                joint = _pass_cost(traced.joint, numel_of(traced.joint, req, binding), eb)
-                row["backward"] = {**joint, "eager_kernels": max(1, joint["eager_kernels"] - fwd["eager_kernels"]),
-                                   "eager_bytes": max(1, joint["eager_bytes"] - fwd["eager_bytes"])}
+                row["backward"] = _pass_cost(traced.joint, numel_of(traced.joint, req, binding), eb,
+                                             eager["backward"])
             rows.append(row)
     return rows
 

@@ -20,6 +20,7 @@ import yaml
 
 from opforge.orchestrator.atomic import sha256_file
 from opforge.orchestrator.workspace import Workspace
+from opforge.verify.kernel_lint import is_jit, lint_source
 
 BLOCKING = ("S0", "S1")
 GOLDEN_IMPORT_TIMEOUT_S = 10
@@ -78,8 +79,8 @@ def _mentions(tree: ast.Module, words: tuple[str, ...]) -> list[str]:
 
 # torch calls a launch path may make: allocation, views, metadata, and the library machinery
 ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library",
-                 "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16", "int32",
-                 "int64", "bool", "dtype", "Generator"}
+                 "is_grad_enabled", "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16",
+                 "int32", "int64", "bool", "dtype", "Generator"}
 ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr",
                    "is_contiguous", "new_empty", "expand", "unsqueeze", "squeeze", "flatten", "storage_offset",
                    "get", "register_fake", "register_autograd", "save_for_backward", "is_available",
@@ -90,20 +91,10 @@ TENSOR_MATH = ({n for n in dir(torch.Tensor) if not n.startswith("_") and hasatt
                 "item", "tolist", "numpy"}) - ALLOWED_METHODS
 
 
-def _is_jit(fn: ast.FunctionDef) -> bool:
-    for d in fn.decorator_list:
-        target = d.func if isinstance(d, ast.Call) else d
-        if isinstance(target, ast.Attribute) and target.attr == "jit":
-            return True
-        if isinstance(target, ast.Name) and target.id == "jit":
-            return True
-    return False
-
-
 def hot_path_violations(tree: ast.Module) -> list[str]:
     """Torch math outside Triton kernels: torch.<fn>() calls, compute methods, arithmetic on tensors."""
     bad = []
-    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and not _is_jit(n)]:
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and not is_jit(n)]:
         tensors = {a.arg for a in fn.args.args if isinstance(a.annotation, ast.Attribute)
                    and a.annotation.attr == "Tensor"}
         for node in ast.walk(fn):
@@ -128,6 +119,101 @@ def hot_path_violations(tree: ast.Module) -> list[str]:
             elif isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Name) and node.operand.id in tensors:
                 bad.append(f"{fn.name}, line {node.lineno}: tensor arithmetic in Python")
     return bad
+
+# What an impl may import and reach, whoever wrote it (template, model, host developer): the modules the
+# templates use, with os held to the environment (TRITON_INTERPRET, tuning knobs) and to path strings.
+IMPL_MODULES = {"__future__", "math", "functools", "typing", "os", "os.path", "torch", "torch.library", "triton",
+                "triton.language"}
+IMPL_OS = {"environ", "getenv", "path"}
+IMPL_ENVIRON = {"get", "setdefault", "copy", "items", "keys", "values"}
+# torch namespaces that compute, load or compile outside a Triton kernel, however they are reached
+TORCH_REFUSED = {"nn", "fft", "linalg", "special", "distributions", "func", "hub", "utils", "load", "save",
+                 "from_file", "jit", "compile", "export", "_C", "_refs", "_prims", "_decomp"}
+REFUSED_BUILTINS = {"__import__", "exec", "eval", "compile", "open", "breakpoint", "globals", "vars",
+                    "__builtins__"}
+
+
+def _reach_problem(dotted: str) -> str | None:
+    """Why `dotted` (a module path with attributes) is out of an impl's reach, or None."""
+    parts = dotted.split(".")
+    if parts[0] == "os" and len(parts) > 1:
+        if parts[1] not in IMPL_OS:
+            return f"{'.'.join(parts[:2])} (os is for os.environ, os.getenv and os.path only)"
+        if parts[1] == "environ" and len(parts) > 2 and parts[2] not in IMPL_ENVIRON:
+            return f"{'.'.join(parts[:3])} (os.environ is read or defaulted only)"
+    if parts[0] == "torch" and len(parts) > 1:
+        if parts[1] in TORCH_REFUSED:
+            return f"torch.{parts[1]} (computes outside Triton)"
+        if parts[1] == "ops" and len(parts) > 2 and parts[2] != "opforge":
+            return f"torch.ops.{parts[2]} (computes outside Triton)"
+    return None
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    attrs = []
+    while isinstance(node, ast.Attribute):
+        attrs.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in aliases:
+        return ".".join([aliases[node.id], *reversed(attrs)])
+    return None
+
+
+def impl_reach_problems(source: str) -> list[str]:
+    """Imports outside IMPL_MODULES, os beyond the environment and paths, torch's compute namespaces, and the
+    builtins that run or read arbitrary code or files; one line each."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return [f"line {exc.lineno}: syntax error: {exc.msg}"]
+    bad, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name not in IMPL_MODULES and not a.name.startswith("triton.language."):
+                    bad.append(f"line {node.lineno}: import {a.name}")
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            mod = "." * node.level + (node.module or "")
+            if mod not in IMPL_MODULES and not mod.startswith("triton.language."):
+                bad.append(f"line {node.lineno}: from {mod} import {', '.join(a.name for a in node.names)}")
+                continue
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{mod}.{a.name}"
+                why = _reach_problem(f"{mod}.{a.name}")
+                if why or (mod == "torch" and a.name not in ALLOWED_TORCH):
+                    bad.append(f"line {node.lineno}: from {mod} import {a.name}" + (f": {why}" if why else ""))
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in REFUSED_BUILTINS:
+            bad.append(f"line {node.lineno}: {node.id} (runs code or opens files beyond the impl)")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "setattr", "delattr", "hasattr") and node.args:
+            # a constant name is the attribute it names; a computed one on os or torch could be anything
+            base = _dotted(node.args[0], aliases)
+            if base is None:
+                continue
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                why = _reach_problem(f"{base}.{name.value}")
+                if why:
+                    bad.append(f"line {node.lineno}: {node.func.id}({base}, {name.value!r}): {why}")
+            elif base.split(".")[0] in ("os", "torch"):
+                bad.append(f"line {node.lineno}: {node.func.id}({base}, <computed name>)")
+        elif isinstance(node, (ast.Attribute, ast.Name)) and not isinstance(parents.get(id(node)), ast.Attribute):
+            dotted = _dotted(node, aliases)
+            if dotted is None:
+                continue
+            why = _reach_problem(dotted)
+            parent = parents.get(id(node))
+            as_getattr_arg = isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and \
+                parent.func.id in ("getattr", "setattr", "delattr", "hasattr") and parent.args[:1] == [node]
+            if why:
+                bad.append(f"line {node.lineno}: {why}")
+            elif dotted in ("os", "torch", "torch.ops") and isinstance(node, ast.Name) and \
+                    isinstance(node.ctx, ast.Load) and not as_getattr_arg:
+                bad.append(f"line {node.lineno}: {dotted} passed around as a value")
+    return list(dict.fromkeys(bad))
 
 
 def _literal(tree: ast.Module, name: str):
@@ -225,6 +311,25 @@ def check_impl_triton_only(ws, state):
         return f"{ws.impl} is missing"
     bad = hot_path_violations(_module_ast(ws, ws.impl))
     return f"torch computes outside Triton: {'; '.join(bad[:5])}" if bad else None
+
+
+def check_impl_imports(ws, state):
+    if not ws.path(ws.impl).exists():
+        return f"{ws.impl} is missing"
+    bad = impl_reach_problems(ws.path(ws.impl).read_text())
+    return (f"the impl reaches beyond torch, triton, math, functools, typing and os.environ/getenv/path: "
+            f"{'; '.join(bad[:5])}") if bad else None
+
+
+def check_kernel_lint(ws, state):
+    if not ws.path(ws.impl).exists():
+        return f"{ws.impl} is missing"
+    found = lint_source(ws.path(ws.impl).read_text(), ws.impl)
+    if not found:
+        return None
+    f = found[0]
+    return (f"{len(found)} kernel lint finding(s); first: {f['rule']} ({f['protects']}), {f['function']} "
+            f"line {f['line']}: {f['message']}")
 
 
 def check_test_coverage(ws, state):
@@ -338,8 +443,14 @@ RULES: list[Rule] = [
          check_impl_separate),
     Rule("G5-IMPL-TRITON-ONLY", "S0", "separation", (5, 7),
          "only allocation, views and launches are torch calls on the impl's paths", check_impl_triton_only),
+    Rule("G5-IMPL-IMPORTS", "S0", "separation", (5, 7),
+         "the impl imports only torch, triton, math, functools, typing and os (environment and paths), and "
+         "reaches no torch compute namespace, process, file or exec", check_impl_imports),
     Rule("G5-IMPL-COMPILES", "S0", "framework", (5,),
          "every kernel compiles for the GPU target at each P0 shape and dtype (compile.json)", check_impl_compiles),
+    Rule("G5-KERNEL-LINT", "S0", "framework", (5, 7),
+         "kernels take the last-program ticket after a barrier and make grid-sized offsets in int64",
+         check_kernel_lint),
     Rule("G5-TEST-COVERAGE", "S0", "test", (5, 7), "tests cover every SPEC dtype and p0 shape with SPEC tolerances",
          check_test_coverage),
     Rule("G5-TEST-IMPORTS", "S1", "test", (5,), "the test file loads the impl and the golden separately",

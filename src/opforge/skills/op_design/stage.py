@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from opforge.codegen.build import kernels_of, plan_request
+from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.rows import RowPlan
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
@@ -28,7 +29,6 @@ def plan_summary(plan: KernelPlan | RowPlan) -> dict:
         "reductions": [{"name": r.name, "kind": r.kind, "of": r.source} for r in plan.reductions],
         "epilogue_statements": len(plan.epilogue),
         "runtime_attributes": plan.attrs,
-        "eager_kernels_replaced": plan.eager_kernels,
     }
 
 
@@ -53,7 +53,6 @@ def _row_summary(plan: RowPlan) -> dict:
                        for r in plan.reductions],
         "epilogue_statements": len(plan.epilogue),
         "runtime_attributes": plan.attrs,
-        "eager_kernels_replaced": plan.eager_kernels,
     }
 
 
@@ -67,7 +66,7 @@ def _kernel_md(plan) -> list[str]:
     writes = ", ".join(f"{w['name']} ({w['operand']}, {w['when']})" for w in s["writes"])
     lines = [f"### {plan.name} kernel ({s['layout']})", "", f"- reads {reads}, each once;",
              f"- writes {writes}, each once;",
-             f"- {s['statements']} fused statements replace {plan.eager_kernels} eager kernels;"]
+             f"- {s['statements']} fused statements;"]
     if s["layout"] == "rows":
         it = s["iteration"]
         lines.insert(2, f"- iteration space: {it['rows']} rows × {it['cols']} columns; a program owns BLOCK_R rows;")
@@ -119,17 +118,23 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     l1 = level1_cases(spec["supported_dtypes"], spec["dynamic_axes"],
                       {k: spec["default_params"][k] for k in spec["runtime_params"]})
     passes = [build.forward] + ([build.backward] if build.backward else [])
+    binding, dtype = req.p0[0], req.dtypes[0]
+    eager = eager_cost(req, binding, dtype)
     design = {"op_name": req.name, "kernels": [plan_summary(k) for p in passes for k in kernels_of(p)],
+              "eager_kernels_replaced": {p: e["kernels"] for p, e in eager.items()},
               "why_more_kernels": [w for p in passes for w in getattr(p, "why", [])],
               "tiling": _tiling(build.forward),
               "verification": {"level0": l0, "level1": l1}}
     lines = [f"# Design: {req.name}", "", "## Compute graph", "",
              "The forward graph and the joint forward+backward graph traced from the reference "
-             "(SPEC.md shows both). Views and detaches are free; every other node is one eager kernel.", "",
+             "(SPEC.md shows both). They are decomposed, so their nodes are not eager's kernels; API_REPORT.md "
+             "lists what eager dispatches.", "",
              "## Fusion plan", "",
              f"{len(design['kernels'])} kernel(s) for {len(passes)} pass(es). A pass is one kernel unless a value "
              "needs a finished column or full reduction for every row; a reduction whose result only feeds scalar "
-             "or per-column work does not split the pass, because that work runs once in the last program.", ""]
+             "or per-column work does not split the pass, because that work runs once in the last program.", "",
+             "Eager runs " + " and ".join(f"{e['kernels']} kernel(s) in the {p}" for p, e in eager.items()) +
+             f" ({binding}, {dtype}).", ""]
     for p in passes:
         for k in kernels_of(p):
             lines += _kernel_md(k)
