@@ -48,6 +48,7 @@ def test_catalog_kernels_compile_for_sm90_with_register_counts(tmp_path):
     # softmax streams rows of 4096 contiguous bfloat16: every global access is a 128-bit vector access
     for b in rep["ops"][0]["builds"]:
         assert b["loads_128"] == b["loads"] >= 1 and b["stores_128"] == b["stores"] >= 1, b
+        assert b["bf16_cvt"] >= 1, b  # the GPU rounds to bfloat16 in hardware; the bit trick is the interpreter's
     # a 64-row, 32768-class cross-entropy launches one program per row: under half of an H200's SMs
     fwd = next(b for b in rep["ops"][1]["builds"] if b["pass"] == "forward")
     assert fwd["grid"] == [64] and fwd["waves"] < 0.5
@@ -171,4 +172,4 @@ def test_access_widths_count_128_bit_accesses():
     @%p1 st.global.v2.b64 [ %rd4 + 0 ], { %rd5, %rd6 };
     ld.shared.v4.b32 { %r7, %r8, %r9, %r10 }, [ %r11 + 0 ];
     """
-    assert access_widths(ptx) == {"loads": 3, "loads_128": 1, "stores": 1, "stores_128": 1}
+    assert access_widths(ptx) == {"loads": 3, "loads_128": 1, "stores": 1, "stores_128": 1, "bf16_cvt": 0}

@@ -46,7 +46,7 @@ def _with_impl(src: Path, tmp_path: Path, impl: str) -> Workspace:
 
 def _plant(impl: str, body: str, header: str = "") -> str:
     """The impl with the forward launch replaced by `body` and `header` after the module's imports."""
-    launch = re.compile(rf"^    _{OP}_forward_kernel\[.*$", re.M)
+    launch = re.compile(rf"^    _{OP}_forward_kernel\[.*(?:\n     +.*)*$", re.M)  # with continuation lines
     assert len(launch.findall(impl)) == 1
     out = launch.sub(lambda _: body, impl)
     anchor = "import triton.language as tl  # noqa: E402\n"

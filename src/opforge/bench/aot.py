@@ -116,6 +116,8 @@ def access_widths(ptx: str) -> dict:
         m = WIDTH_RE.search(suffix)
         if m and int(m.group(1) or 1) * int(m.group(2)) >= 128:
             out[f"{kind}_128"] += 1
+    # bfloat16 stores should round in hardware (cvt.rn.bf16[x2].f32), not with integer arithmetic on the bits
+    out["bf16_cvt"] = len(re.findall(r"cvt\.rn\.bf16(?:x2)?\.f32", ptx))
     return out
 
 

@@ -50,6 +50,12 @@ def _{kind}_partials(ptr, stride, n, RBLOCK: tl.constexpr):
 '''
 
 
+def slot_index(index: str, n: int, slot: int) -> str:
+    """`index * n + slot`, written without the `* 1` and `+ 0` that one slot among one would show."""
+    out = index if n == 1 else f"{index} * {n}"
+    return f"{out} + {slot}" if slot else out
+
+
 def helpers(kinds: set[str], across: bool) -> str:
     """The jit helpers a module's kernels call: the ticket, NaN-keeping block max/min, ordered partials."""
     out = LAST_PROGRAM if across else ""
@@ -84,7 +90,7 @@ def meet(reds: list, n: int, pad: str) -> list[str]:
         out += [f"{pad}# Across programs: atomics into acc, or (DETERMINISTIC) one partial per program, summed in",
                 f"{pad}# program order by the last one.",
                 f"{pad}if DETERMINISTIC:"]
-        out += [f"{pad}    tl.store(partials_ptr + pid * {n} + {r.slot}, {r.name}_part)" for r in reds]
+        out += [f"{pad}    tl.store(partials_ptr + {slot_index('pid', n, r.slot)}, {r.name}_part)" for r in reds]
         out.append(f"{pad}else:")
     for r in reds:
         out.append(f"{pad}    {REDUCE_ATOMIC[_kind(r)]}(acc_ptr + {r.slot}, {r.name}_part)")

@@ -7,11 +7,14 @@ the `torch.library` operator with its fake and autograd registrations, and one f
 
 from __future__ import annotations
 
+import textwrap
+
 from opforge.codegen.across import finish, helpers, launch_setup, meet
 from opforge.codegen.emit_rows import emit_row_kernel, emit_row_launcher
 from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
+from opforge.codegen.pretty import wrap_source
 from opforge.codegen.symbolic import pysrc
 
 PREAMBLE = '''\
@@ -53,10 +56,14 @@ def _row_launch(tile: int) -> dict:
     return {{"num_warps": 4 if tile <= 2048 else (8 if tile <= 8192 else 16), "enable_fp_fusion": False}}
 
 
+# The interpreter's bfloat16 casts truncate and flush subnormals, so there the conversions work on the bits;
+# a GPU converts in hardware (round to nearest even, subnormals kept).
+BF16_ON_BITS = tl.constexpr(INTERPRET)
+
+
 @triton.jit
 def _to_f32(x):
-    # loads are widened on the bits for bfloat16: exact for subnormals too, which the interpreter's cast flushes
-    if x.dtype == tl.bfloat16:
+    if BF16_ON_BITS and x.dtype == tl.bfloat16:
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
@@ -64,10 +71,9 @@ def _to_f32(x):
 
 @triton.jit
 def _to_dtype(x, DTYPE: tl.constexpr):
-    # float32 -> DTYPE with round-to-nearest-even, as torch's .to(); bfloat16 is rounded on the bits
-    # because the interpreter's own bfloat16 cast truncates
+    # float32 -> DTYPE with round-to-nearest-even, as torch's .to()
     x = x.to(tl.float32)
-    if DTYPE == tl.bfloat16:
+    if BF16_ON_BITS and DTYPE == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = tl.where(x != x, 0x7FC00000, bits + (((bits >> 16) & 1) + 0x7FFF))  # NaN stays a quiet NaN
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -164,8 +170,8 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     out = [f"def {fn_name}({sig}):"]
     b = out.append
     used = [a.name for a in plan.inputs]
-    b(f"    {', '.join(used)}{',' if len(used) == 1 else ''} = "
-      f"{', '.join(f'{u}.contiguous()' for u in used)}{',' if len(used) == 1 else ''}")
+    for u in used:
+        b(f"    {u} = {u}.contiguous()")
     ref = full[0].name if full else used[0]
     b(f"    n_elements = {ref}.numel()")
     for a in plan.inputs:
@@ -217,7 +223,7 @@ def _chain_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: 
     sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
                     ["deterministic: bool = False"])
     final = [o.name for o in plan.kernels[-1].outputs]
-    why = "".join(f"    # {w}\n" for w in plan.why)
+    why = "".join(f"    # {line}\n" for w in plan.why for line in textwrap.wrap(w, 112))
     parts.append(f"def {fn_name}({sig}):\n{why}" + "\n".join(calls) +
                  f"\n    return ({''.join(n + ', ' for n in final).rstrip()})\n")
     return "\n\n".join(parts)
@@ -340,7 +346,7 @@ def _backward(ctx, {', '.join(grad_names)}):
                                    ctx.deterministic))
     wanted = {tuple(grad_inputs)!r}
     names = {tuple(inputs)!r}
-    return (*(next(grads) if n in wanted else None for n in names), *([None] * {len(runtime_attrs) + 1}))
+    return (*(next(grads) if n in wanted else None for n in names){", None" * (len(runtime_attrs) + 1)})
 
 
 _{op}_op.register_autograd(_backward, setup_context=_setup_context)
@@ -359,7 +365,7 @@ _{op}_op.register_autograd(_backward, setup_context=_setup_context)
     parts.append(f'''
 
 def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = {deterministic!r}):
-    """{description}.
+    """{textwrap.fill(description + '.', 112, subsequent_indent='    ')}
 
     Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}. Float attributes are run-time
     arguments. deterministic=True makes reductions bit-reproducible run to run (ordered partials).
@@ -367,4 +373,4 @@ def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, det
 {fixed_check}{grad_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)},
         {' ' * len(op)}bool(deterministic))
 ''')
-    return "".join(parts)
+    return wrap_source("".join(parts))

@@ -9,12 +9,23 @@ from __future__ import annotations
 import sympy
 import torch
 
-from opforge.codegen.across import finish, launch_setup, meet
-from opforge.codegen.ops import COLUMN, CONSTANT, OP_TABLE, SHIFT, SYMBOLIC, VIEW, block_reduce, op_name, reduce_combine
+from opforge.codegen.across import finish, launch_setup, meet, slot_index
+from opforge.codegen.ops import (
+    COLUMN,
+    CONSTANT,
+    OP_TABLE,
+    SHIFT,
+    SYMBOLIC,
+    VIEW,
+    block_reduce,
+    ieee_nodes,
+    op_name,
+    reduce_combine,
+)
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import _literal
 from opforge.codegen.rows import RowPlan
-from opforge.codegen.symbolic import SYM_OPS, atoms, product, pysrc, shape_env_of, shape_of
+from opforge.codegen.symbolic import SYM_OPS, atoms, product, pysrc, shape_env_of, shape_of, tidy
 
 _KWARGS_DROPPED = ("pin_memory", "layout", "device", "memory_format")
 
@@ -40,6 +51,7 @@ class _Emitter:
         self.rowvals: dict = {}  # node -> name, values without columns (computed once per program)
         self.pre: _Block = self.head
         self.shifts: dict[str, int] = {}  # column offsets seen, numbered for readable names
+        self.held = ieee_nodes(plan.gm.graph, plan.out_nodes)  # IEEE division where outputs are held exact
 
     # -- operands ------------------------------------------------------------------------------------------
     def sym(self, a) -> str:
@@ -123,7 +135,9 @@ class _Emitter:
         elif rule.kind == CONSTANT:
             kwargs.pop("dtype", None)
             return f"({rule.emit(*args, **kwargs)})"
-        expr = rule.emit(*args, **kwargs)
+        expr = rule.emit(*args, **kwargs, ieee=node in self.held)
+        if expr.isidentifier():  # x ** 1: the operand itself
+            return expr
         if expr in blk.exprs:
             return blk.exprs[expr]
         target = self._target(node, shift)
@@ -140,7 +154,7 @@ class _Emitter:
         if not i.dc:
             self.pre.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0))")
             return m.name
-        col = "cols" if shift == "0" else f"(cols + {shift})"
+        col = _cols_at(shift)
         mask = [] if not i.dr else ["rmask"]
         mask += [f"({col} < {self.ext(i.ext)})"] if shift == "0" else [f"({col} >= 0)", f"({col} < {self.ext(i.ext)})"]
         off = f"{m.row_off} + {col}" if i.dr else col
@@ -149,13 +163,13 @@ class _Emitter:
         return target
 
     def _shift(self, node, key, shift, blk) -> str:
-        def at(off):
-            return off if shift == "0" else f"{shift} + {off}" if off != "0" else shift
+        def at(off):  # offsets compose as text; tidy keeps `cols + D - (D // 2)` from growing with each one
+            return tidy(off if shift == "0" else f"{shift} + {off}" if off != "0" else shift)
 
         if key == "aten.slice.Tensor":
             start = self.sym(node.args[2]) if len(node.args) > 2 and node.args[2] is not None else "0"
             return self.ev(node.args[0], at(start), blk)
-        col = "cols" if shift == "0" else f"(cols + {shift})"
+        col = _cols_at(shift)
         if key == "aten.slice_backward.default":
             start, end = self.sym(node.args[3]), node.args[4]
             end = self.ext(self.p.info[node].ext) if isinstance(end, int) and end >= 2 ** 31 else self.sym(end)
@@ -180,6 +194,13 @@ class _Emitter:
 
     def ext(self, e) -> str:
         return pysrc(e, self.p.symbols) if e is not None else "n_cols"
+
+
+def _cols_at(shift: str) -> str:
+    """The column index moved by `shift` (a leading minus binds to its first term only)."""
+    if shift == "0":
+        return "cols"
+    return f"(cols - {shift[1:]})" if shift.startswith("-") else f"(cols + {shift})"
 
 
 def _mask(e: _Emitter, i) -> str:
@@ -230,7 +251,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
                 continue
             mask, v = _mask(e, si), e.ev(r.source, "0", body)
             if r.kind == "mean":  # sum x / n, not (sum x) / n: a row of huge values must not overflow its sum
-                v = f"tl.div_rn({v}, ({r.count}) * 1.0)"
+                v = f"{v} * (1.0 / ({r.count}))"
             where = f"tl.where({mask}, {v}, {_IDENTITY[r.kind]})"
             finish = [] if persistent else after
             if r.kind in ("sum", "mean"):
@@ -294,7 +315,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
             body.add(f"{r.name}_run += {r.name}_part")
             continue
         body.add("if DETERMINISTIC:  # the program's own slot, added to by each of its row blocks in turn")
-        body.add(f"    slot = colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols")
+        body.add(f"    slot = colpart_ptr + {_colpart('pid.to(tl.int64)', n_col, r.slot)} + cols")
         body.add(f"    tl.store(slot, tl.load(slot, mask=cols < n_cols, other=0.0) + {r.name}_part, "
                  "mask=cols < n_cols)")
         body.add("else:")
@@ -335,8 +356,9 @@ def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, p
     m = r.online
     v, mask, ninf = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), "-float('inf')"
     inits.append(f"{pad}{r.name}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
-    body.add(f"{r.name}_acc = {r.name}_acc * tl.where({m.name}_acc == {ninf}, 1.0, tl.exp({m.name}_prev - "
-             f"{m.name}_acc)) + tl.where({mask} & ({m.name}_acc != {ninf}), tl.exp({v} - {m.name}_acc), 0.0)")
+    body.add(f"{r.name}_rescale = tl.where({m.name}_acc == {ninf}, 1.0, tl.exp({m.name}_prev - {m.name}_acc))")
+    body.add(f"{r.name}_acc = {r.name}_acc * {r.name}_rescale + tl.where({mask} & ({m.name}_acc != {ninf}), "
+             f"tl.exp({v} - {m.name}_acc), 0.0)")
     after.append(f"{pad}{r.name} = tl.sum(tl.where({m.name}_acc == {ninf}, 0.0, {r.name}_acc * tl.exp({m.name}_acc - "
                  f"{m.name})), axis=1)[:, None]  # {op_name(r.node.target)}: online, with {m.name}")
     e.rowvals[r.node] = r.name
@@ -389,7 +411,7 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
                   "        cols = tl.arange(0, BLOCK_C)[None, :]"]
         for r in plan.col_reductions:
             lines += ["        if DETERMINISTIC:",
-                      f"            tl.store(colpart_ptr + (pid.to(tl.int64) * {n_col} + {r.slot}) * n_cols + cols, "
+                      f"            tl.store(colpart_ptr + {_colpart('pid.to(tl.int64)', n_col, r.slot)} + cols, "
                       f"{r.name}_run, mask=cols < n_cols)",
                       "        else:",
                       f"            tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_run, "
@@ -397,6 +419,12 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     lines += [f"    {r.name}_part = {r.name}_run" for r in plan.full_reductions]
     lines += _cross_program(plan)
     return "\n".join(lines) + "\n"
+
+
+def _colpart(index: str, n: int, slot: int) -> str:
+    """Where program `index` keeps column sum `slot` of `n`: one row of n_cols floats each."""
+    s = slot_index(index, n, slot)
+    return f"{s if ' ' not in s else f'({s})'} * n_cols"
 
 
 def _flatten(blocks) -> list[str]:
@@ -428,9 +456,9 @@ def _cross_program(plan: RowPlan) -> list[str]:
         for r in col:
             body.add(f"{r.name} = tl.zeros((1, BLOCK_C), tl.float32)")
             body.add("if DETERMINISTIC:")
-            body.add("    for p in range(0, tl.num_programs(0).to(tl.int64)):  # int64 p: p * n_cols may pass "
-                     "2**31; in order: the same bits every run")
-            body.add(f"        {r.name} += tl.load(colpart_ptr + (p * {len(col)} + {r.slot}) * n_cols + cols, "
+            body.add("    # in program order, the same bits every run; int64: p * n_cols may pass 2**31")
+            body.add("    for p in range(0, tl.num_programs(0).to(tl.int64)):")
+            body.add(f"        {r.name} += tl.load(colpart_ptr + {_colpart('p', len(col), r.slot)} + cols, "
                      "mask=cols < n_cols, other=0.0)")
             body.add("else:")
             body.add(f"    {r.name} = tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, "
@@ -472,12 +500,11 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b = out.append
     used = [a.name for a in plan.inputs]
     dense = [a.name for a in plan.inputs if not a.row_strided]
-    if dense:
-        b(f"    {', '.join(dense)}{',' if len(dense) == 1 else ''} = "
-          f"{', '.join(f'{u}.contiguous()' for u in dense)}{',' if len(dense) == 1 else ''}")
+    for u in dense:
+        b(f"    {u} = {u}.contiguous()")
     for a in plan.inputs:
         if a.row_strided:
-            b(f"    {a.name}, {a.name}_row_stride = _rows_of({a.name})  # no copy when only the rows are spaced out")
+            b(f"    {a.name}, {a.name}_row_stride = _rows_of({a.name})  # no copy for spaced-out rows")
     names = plan.symbols
     for name, src in _size_sources(names, dims).items():
         b(f"    {name} = {src}")

@@ -81,14 +81,16 @@ def _pow(a, e, **_):
         v = float(e)
     except ValueError:  # a run-time attribute: a general power, defined for positive bases
         return f"tl.exp2(tl.log2({a}) * {e})"
+    if v == 1:
+        return a
     if v == int(v) and 0 <= v <= 4:  # small integer powers as products: exact signs, no log of negatives
         return "(" + " * ".join([a] * int(v)) + ")" if v else f"({a} * 0.0 + 1.0)"
     if v == -1:
-        return f"tl.div_rn(1.0, {a})"
+        return f"1.0 / {a}"
     if v == 0.5:
-        return f"tl.sqrt_rn({a})"
+        return f"tl.sqrt({a})"
     if v == -0.5:
-        return f"tl.div_rn(1.0, tl.sqrt_rn({a}))"
+        return f"1.0 / tl.sqrt({a})"
     if v == int(v):  # other integer powers keep the sign of odd powers of negatives
         odd = "-1.0" if int(v) % 2 else "1.0"
         return f"tl.where({a} < 0, {odd}, 1.0) * tl.exp2(tl.log2(tl.abs({a})) * {e})"
@@ -113,6 +115,11 @@ def _cast(a, dtype=None, **_):
     return a
 
 
+def _div(a, b, ieee=True, **_):
+    # IEEE division costs a slow path on GPUs; only outputs held bit-exact need it (see ieee_nodes)
+    return f"tl.div_rn({a}, {b})" if ieee else f"{a} / {b}"
+
+
 def _cmp(sym):
     return lambda a, b, **_: f"{a} {sym} {b}"
 
@@ -127,27 +134,29 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.rsub.Scalar": OpRule(_P, lambda a, b, **_: f"{b} - {a}", True, "-"),
     "aten.mul.Tensor": OpRule(_P, _bin("*"), True, "*"),
     "aten.mul.Scalar": OpRule(_P, _bin("*"), True, "*"),
-    "aten.div.Tensor": OpRule(_P, lambda a, b, **_: f"tl.div_rn({a}, {b})", True, "tl.div_rn"),
-    "aten.div.Scalar": OpRule(_P, lambda a, b, **_: f"tl.div_rn({a}, {b})", True, "tl.div_rn"),
+    "aten.div.Tensor": OpRule(_P, _div, True, "tl.div_rn where held exact, else /"),
+    "aten.div.Scalar": OpRule(_P, _div, True, "tl.div_rn where held exact, else /"),
     "aten.neg.default": OpRule(_P, lambda a, **_: f"-{a}", True, "-"),
     "aten.abs.default": OpRule(_P, lambda a, **_: f"tl.abs({a})", True, "tl.abs"),
-    "aten.reciprocal.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, {a})", True, "tl.div_rn"),
+    "aten.reciprocal.default": OpRule(_P, lambda a, ieee=True, **_: _div("1.0", a, ieee), True,
+                                      "tl.div_rn where held exact, else /"),
     "aten.pow.Tensor_Scalar": OpRule(_P, _pow, False, "*, tl.sqrt_rn, tl.exp2/log2"),
-    "aten.sqrt.default": OpRule(_P, lambda a, **_: f"tl.sqrt_rn({a})", True, "tl.sqrt_rn"),
-    "aten.rsqrt.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, tl.sqrt_rn({a}))", False, "tl.sqrt_rn"),
+    "aten.sqrt.default": OpRule(_P, lambda a, ieee=True, **_: f"tl.sqrt_rn({a})" if ieee else f"tl.sqrt({a})", True,
+                                "tl.sqrt_rn where held exact, else tl.sqrt"),
+    "aten.rsqrt.default": OpRule(_P, lambda a, **_: f"1.0 / tl.sqrt({a})", False, "tl.sqrt, /"),
     "aten.exp.default": OpRule(_P, lambda a, **_: f"tl.exp({a})", False, "tl.exp"),
     "aten.log.default": OpRule(_P, lambda a, **_: f"tl.log({a})", False, "tl.log"),
     # log1p / expm1 from log and exp without losing small arguments (Goldberg's correction by u - 1)
     "aten.log1p.default": OpRule(
-        _P, lambda a, **_: f"tl.where((1.0 + {a}) == 1.0, {a}, tl.log(1.0 + {a}) * tl.div_rn({a}, (1.0 + {a}) - 1.0))",
+        _P, lambda a, **_: f"tl.where((1.0 + {a}) == 1.0, {a}, tl.log(1.0 + {a}) * ({a} / ((1.0 + {a}) - 1.0)))",
         False, "tl.log, tl.where"),
     "aten.expm1.default": OpRule(
         _P, lambda a, **_: f"tl.where(tl.exp({a}) == 1.0, {a}, tl.where(tl.exp({a}) - 1.0 == -1.0, -1.0, "
-                           f"(tl.exp({a}) - 1.0) * tl.div_rn({a}, tl.log(tl.exp({a})))))", False, "tl.exp, tl.log"),
+                           f"(tl.exp({a}) - 1.0) * ({a} / tl.log(tl.exp({a})))))", False, "tl.exp, tl.log"),
     "aten.exp2.default": OpRule(_P, lambda a, **_: f"tl.exp2({a})", False, "tl.exp2"),
     "aten.log2.default": OpRule(_P, lambda a, **_: f"tl.log2({a})", False, "tl.log2"),
     "aten.tanh.default": OpRule(_P, lambda a, **_: f"_tanh({a})", False, "tl.exp, a polynomial near 0"),
-    "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"tl.div_rn(1.0, 1.0 + tl.exp(-{a}))", False, "tl.exp"),
+    "aten.sigmoid.default": OpRule(_P, lambda a, **_: f"1.0 / (1.0 + tl.exp(-{a}))", False, "tl.exp, /"),
     "aten.erf.default": OpRule(_P, lambda a, **_: f"tl.math.erf({a})", False, "tl.math.erf"),
     "aten.sin.default": OpRule(_P, lambda a, **_: f"tl.sin({a})", False, "tl.sin"),
     "aten.cos.default": OpRule(_P, lambda a, **_: f"tl.cos({a})", False, "tl.cos"),
@@ -218,8 +227,8 @@ OP_TABLE: dict[str, OpRule] = {
     # reductions (a block-local tl.sum/max/min, then across blocks: atomics or ordered partials)
     "aten.sum.dim_IntList": OpRule(REDUCTION, None, False, "tl.sum + atomic_add | ordered partials"),
     "aten.sum.default": OpRule(REDUCTION, None, False, "tl.sum + atomic_add | ordered partials"),
-    "aten.mean.dim": OpRule(REDUCTION, None, False, "tl.sum, tl.div_rn"),
-    "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, tl.div_rn"),
+    "aten.mean.dim": OpRule(REDUCTION, None, False, "tl.sum, * (1 / n)"),
+    "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, * (1 / n)"),
     "aten.amax.default": OpRule(REDUCTION, None, True, "tl.max + atomic_max | ordered partials"),
     "aten.amin.default": OpRule(REDUCTION, None, True, "tl.min + atomic_min | ordered partials"),
     # last-dimension slices and concatenations (row planner): loads at shifted columns
@@ -260,6 +269,26 @@ def reduce_combine(kind: str, acc: str, part: str) -> str:
 def block_reduce(kind: str, block: str) -> str:
     """A block of any shape reduced to one value: tl.sum, or a max/min that keeps NaN (codegen/across.py)."""
     return f"tl.sum({block})" if kind in ("sum", "mean") else f"_{kind}_keep_nan({block})"
+
+
+def ieee_nodes(graph, outputs) -> set:
+    """The nodes an output computed only from bit-exact ops depends on. There division and square root stay
+    IEEE (tl.div_rn, tl.sqrt_rn) for the output to match torch bit for bit; elsewhere the fast forms serve."""
+    exact: dict = {}
+    for n in graph.nodes:
+        if n.op == "call_function":
+            rule = OP_TABLE.get(op_name(n.target))
+            exact[n] = bool(rule and rule.exact) and all(exact.get(s, True) for s in n.all_input_nodes)
+        else:
+            exact[n] = True
+    held: set = set()
+    stack = [o for o in outputs if isinstance(o, torch.fx.Node) and exact.get(o)]
+    while stack:
+        n = stack.pop()
+        if n not in held:
+            held.add(n)
+            stack.extend(n.all_input_nodes)
+    return held
 
 
 def op_name(target) -> str:

@@ -27,6 +27,7 @@ from opforge.codegen.ops import (
     SYMBOLIC,
     VIEW,
     block_reduce,
+    ieee_nodes,
     op_name,
 )
 from opforge.codegen.trace import AttrRef
@@ -184,6 +185,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         needed.add(n)
         stack.extend(a for a in n.all_input_nodes)
 
+    held = ieee_nodes(graph, wanted)
     var: dict = {}  # node -> variable name (views alias their source)
     full: dict = {}  # node -> whether the register value is a block (True) or a scalar
     after_reduce: dict = {}  # node -> depends on a finished reduction
@@ -250,9 +252,12 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             kwargs["dtype"] = str(node.kwargs.get("dtype"))
         elif rule.kind == CONSTANT:
             kwargs.pop("dtype", None)  # compute is float32 whatever dtype the constant was made in
-        expr = rule.emit(*args, **kwargs)
+        expr = rule.emit(*args, **kwargs, ieee=node in held)
         node_full = is_full(node)
         block = rule.kind != CONSTANT and any(full[s] for s in srcs)
+        if expr.isidentifier():  # x ** 1: the operand itself
+            var[node], full[node], after_reduce[node] = expr, block, dep_red
+            continue
         if dep_red and node_full:
             raise Unsupported([key], f"{node.name} is a full-size value that needs a finished reduction "
                                      "(a second pass over the data)")

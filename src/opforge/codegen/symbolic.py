@@ -9,6 +9,7 @@ printed with the request's symbol names so that generated code reads `N * M`, no
 from __future__ import annotations
 
 import operator
+import re
 
 import sympy
 import torch
@@ -82,6 +83,22 @@ class _Printer(StrPrinter):
 
     def _print_Rational(self, e):
         return f"({e.p} / {e.q})"
+
+
+    def _print_floor(self, e):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"({self._print(num)} // {self._print(den)})" if den != 1 else self._print(num)
+
+
+def tidy(src: str) -> str:
+    """A size expression assembled as text (a column offset such as `0 + (D - (D//2)) - (D//2)`), simplified
+    and printed again; left as it is when it is not plain integer arithmetic on names."""
+    names = {n: sympy.Symbol(n, integer=True, positive=True) for n in re.findall(r"[A-Za-z_]\w*", src)}
+    try:
+        e = eval(compile(src, "<size>", "eval"), {"__builtins__": {}}, names)  # only names, ints, + - * // ( )
+    except Exception:
+        return src
+    return _Printer().doprint(sympy.simplify(e)) if isinstance(e, (sympy.Basic, int)) else src
 
 
 def pysrc(expr, names: dict) -> str:

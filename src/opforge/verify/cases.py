@@ -17,6 +17,11 @@ Policy (DESIGN.md, "Verification policy"):
   overflows to Inf/NaN
   and float64 does not, a kernel that overflows too must do so as the float32 path does, and one that
   stays finite is held to float64.
+
+Eager PyTorch run in the case's dtype is recorded beside the kernel, as information only: its error against
+float64 and how many elements of the kernel's result differ from it. The kernel computes in float32 and
+rounds once per output; eager in bfloat16/float16 rounds every intermediate, so the two differ by about an
+ulp in many elements while the kernel lies closer to float64. No verdict depends on eager.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 import torch
 
 from opforge.verify.inputs import edge_values, fresh_seed, make_tensor, with_edges
-from opforge.verify.metrics import compare
+from opforge.verify.metrics import compare, ulp_distance
 from opforge.verify.tolerance import Tolerance, parse_dtype, tolerance_for
 
 RECORD_ENV = "OPFORGE_PRECISION_RECORD"  # a JSONL file that every checked case is appended to
@@ -160,6 +165,7 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) ->
     produced.update((f"grad_{n}", grads[k]) for k, n in enumerate(grad_inputs))
     small = [n for n, t in wanted.items() if n not in spec.get("exact_outputs", []) and t[0].numel() < SPREAD_NUMEL]
     spread = _fp32_error_spread(golden, tensors, g_outs, attrs, grad_inputs, small, seed) if small else {}
+    eager = _eager_paths(golden, tensors, g_outs, attrs, grad_inputs, wanted, dtype)
 
     named_inputs = dict(zip(names, tensors))
     n_elements = max((t.numel() for t in tensors), default=0)
@@ -169,8 +175,8 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) ->
         if name in spec.get("exact_outputs", []):
             tol = Tolerance(0.0, 0.0, exact=True)
             res = compare(actual, t32.to(dtype), tol, inputs=named_inputs, name=name)
-            res["vs_float64"] = _brief(compare(actual, t64, tolerance_for(dtype, spec.get("tolerance")),
-                                               name=name))
+            tol = tolerance_for(dtype, spec.get("tolerance"))
+            res["vs_float64"] = _brief(compare(actual, t64, tol, name=name))
         else:
             k = reduced_elems(name, spec, case["binding"], n_elements)
             base = tolerance_for(dtype, spec.get("tolerance"), reduced_elems=k)
@@ -188,6 +194,9 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) ->
             res["reference_fp32_error"] = ref_err
             if name in spread:
                 res["reference_fp32_error_rms"] = spread[name]
+            # the verdict's truth may take the float32 path where it overflows: side by side with eager, plain float64
+            res["vs_float64"] = _brief(compare(actual, t64, tol, name=name))
+        res["eager"] = _eager_figures(actual, eager.get(name), t64, tol, name)
         results.append(res)
     results.append(_alias_check(ins, list(produced.values())))
     return _record(case, seed, all(r["passed"] for r in results), results)
@@ -203,6 +212,51 @@ def _golden_paths(golden, tensors, g_outs, attrs, grad_inputs, forward=None) -> 
         g32 = golden.backward(tensors, g_outs, compute_dtype=torch.float32, **attrs)
         paths.update((f"grad_{n}", (gt[k], g32[k])) for k, n in enumerate(grad_inputs))
     return paths
+
+
+def _eager_paths(golden, tensors, g_outs, attrs, grad_inputs, wanted, dtype) -> dict:
+    """Every output and gradient of the reference run by eager PyTorch in the case's dtype, by name; an
+    exception (an op without a CPU kernel for the dtype) in place of the tensors that could not be had."""
+    if dtype == torch.float32:  # the golden's float32 path is eager in float32
+        return {n: t32 for n, (_, t32) in wanted.items()}
+    if dtype == torch.float64:
+        return {n: t64 for n, (t64, _) in wanted.items()}
+    paths: dict = {}
+    try:
+        outs = golden.forward(*tensors, compute_dtype=dtype, **attrs)
+        paths.update(zip(golden.OUTPUT_NAMES, outs))
+    except Exception as exc:
+        paths.update((n, exc) for n in golden.OUTPUT_NAMES)
+    if g_outs is not None:
+        names = [f"grad_{n}" for n in grad_inputs]
+        try:
+            paths.update(zip(names, golden.backward(tensors, g_outs, compute_dtype=dtype, **attrs)))
+        except Exception as exc:
+            paths.update((n, exc) for n in names)
+    return paths
+
+
+def _eager_figures(actual: torch.Tensor, eager, t64: torch.Tensor, tol: Tolerance, name: str) -> dict:
+    """Eager's own error against float64 (the same metrics as the kernel's) and where the kernel's result
+    differs from eager's: elements not bit-identical (NaN matching NaN), and the largest distance in ulps of
+    the kernel's dtype over the elements finite in both."""
+    if isinstance(eager, Exception):
+        msg = str(eager).strip().splitlines()[0] if str(eager).strip() else ""
+        return {"unavailable": f"eager raises: {type(eager).__name__}: {msg}"}
+    if eager is None or tuple(eager.shape) != tuple(actual.shape):
+        return {"unavailable": "eager gives no result of this shape"}
+    figures = {"dtype": str(eager.dtype).replace("torch.", ""),
+               "vs_float64": _brief(compare(eager.detach(), t64, tol, name=name))}
+    if actual.numel() == 0:
+        return {**figures, "vs_fused": {"differing": 0, "differing_ratio": 0.0, "max_ulp": 0}}
+    a, e = actual.detach().cpu(), eager.detach().cpu().to(actual.dtype)
+    both_nan = torch.isnan(a) & torch.isnan(e)
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    ulp = ulp_distance(a, e)
+    same = both_nan | (finite & (ulp == 0)) | (~finite & (a == e))
+    differing = int((~same).sum())
+    return {**figures, "vs_fused": {"differing": differing, "differing_ratio": differing / a.numel(),
+                                    "max_ulp": int(ulp[finite].max()) if finite.any() else 0}}
 
 
 def _fp32_error_spread(golden, tensors, g_outs, attrs, grad_inputs, names, seed) -> dict[str, float]:

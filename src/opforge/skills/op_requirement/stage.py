@@ -6,15 +6,17 @@ Python fails at stage 1 with one line. SPEC.md is then frozen: its hash is kept 
 
 from __future__ import annotations
 
+import torch
 import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from opforge.codegen.build import symbol_map
 from opforge.codegen.graph_text import dataflow_ascii, formula_lines, output_traits
-from opforge.codegen.trace import trace_request
+from opforge.codegen.trace import example_inputs, trace_request
 from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
-from opforge.verify.tolerance import tolerance_for
+from opforge.verify.tolerance import parse_dtype, tolerance_for
 
 SCHEMA_VERSION = 1
 
@@ -92,6 +94,7 @@ def render_spec(req: Request, spec: dict, traced) -> str:
               f"elements, and admits 4× the reference's own float32 error): "
               f"{', '.join(spec['reduced_outputs']) or 'none'}.",
               "- Everything else: float64 truth within the dtype tolerance above.", "",
+              numerics_vs_eager(req, spec, traced), "",
               "## Boundary handling", "",
               "- Zero elements: outputs are empty; a full reduction of nothing is its identity (0 for sums).",
               "- Shapes are run-time arguments: any size, including sizes that are not block multiples.",
@@ -114,6 +117,84 @@ def render_spec(req: Request, spec: dict, traced) -> str:
             numel *= v
         lines.append(f"| {b} | {numel:,} |")
     return "\n".join(lines) + "\n"
+
+
+_NARROW = (torch.bfloat16, torch.float16)
+_CASTS = ("_to_copy", "convert_element_type")
+
+
+class _CastLog(TorchDispatchMode):
+    """The dtype conversions an eager run makes: (from, to, result's storage)."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(c in str(func) for c in _CASTS) and isinstance(out, torch.Tensor) and args[0].dtype != out.dtype:
+            self.casts.append((args[0].dtype, out.dtype, out.untyped_storage().data_ptr()))
+        return out
+
+
+def _eager_casts(req: Request, traced, dtype: torch.dtype) -> tuple[int, int, int] | None:
+    """(upcasts, downcasts to a narrow dtype, downcasts to a narrow dtype the traced forward keeps) of the
+    reference's forward run eagerly in `dtype`; a cast whose result is returned is the store, not counted.
+    None when the reference cannot run eagerly in the dtype."""
+    tensors = example_inputs(req, traced.example_binding, dtype=dtype)
+    log = _CastLog()
+    try:
+        with log:
+            outs = req.load_reference()(*tensors, **req.attr_defaults)
+    except Exception:
+        return None
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    returned = {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+    up = sum(a in _NARROW and b.itemsize > a.itemsize for a, b, _ in log.casts)
+    down = sum(b in _NARROW and a.itemsize > b.itemsize and ptr not in returned for a, b, ptr in log.casts)
+    kept = sum(1 for n in traced.forward.graph.nodes if n.op == "call_function"
+               and any(c in str(n.target) for c in _CASTS) and n.kwargs.get("dtype", None) in _NARROW)
+    return up, down, kept
+
+
+def _count(n: int, noun: str) -> str:
+    return f"one {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _be(n: int) -> str:
+    return "is" if n == 1 else "are each"
+
+
+def numerics_vs_eager(req: Request, spec: dict, traced) -> str:
+    """SPEC's paragraph on how the kernel's results stand to eager PyTorch's in the same dtype."""
+    low = [d for d in spec["supported_dtypes"] if parse_dtype(d) in _NARROW]
+    head = "**Numerics against eager.** "
+    tail = ("Tolerances hold the kernel to float64, never to eager; PRECISION.md shows per dtype and output the "
+            "kernel's error and eager's own error against float64 side by side, and how many elements differ from "
+            "eager.")
+    if not low:
+        return (head + "The kernel computes in float32 as eager PyTorch does in float32; results differ from eager's "
+                "only by the order of operations (a few ulps, most in reductions). " + tail)
+    text = (head + "The kernel loads each input in its dtype, computes in float32 and rounds once per output, when "
+            f"it stores it. Eager PyTorch in {' and '.join(low)} rounds each intermediate tensor to the dtype, so "
+            "where it does the kernel's results differ from eager's in many elements, by about one ulp of the dtype "
+            "(more where a result cancels towards zero), while lying closer to float64; where an eager op computes "
+            "in float32 itself and rounds once, the two can agree bit for bit. ")
+    casts = _eager_casts(req, traced, parse_dtype(low[0]))
+    if casts:
+        up, down, kept = casts
+        if kept:
+            text += (f"The reference's {_count(kept, 'cast')} to a fixed narrow dtype (`.to(torch.bfloat16)` and "
+                     f"the like) {_be(kept)} a rounding step in the kernel too. ")
+        if down > kept:
+            # traced in float32, `.to(x.dtype)` is a cast to float32: a no-op that leaves no node to lower
+            text += (f"Its {_count(down - kept, 'cast')} back to the inputs' dtype between steps (`.to(x.dtype)` "
+                     f"and the like) {_be(down - kept)} a no-op in the float32 trace the kernel is built from: "
+                     "eager rounds there, the kernel does not. ")
+        if up:
+            text += (f"Its {_count(up, 'upcast')} to float32 (`.float()`) {'matches' if up == 1 else 'match'} what "
+                     "the kernel does throughout. ")
+    return text + tail
 
 
 def run(ws: Workspace, req: Request, state) -> StageOutcome:
