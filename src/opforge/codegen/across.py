@@ -76,11 +76,6 @@ def _nan_slots(reds: list, n: int) -> dict:
     return {r.name: n + j for j, r in enumerate(r for r in reds if _kind(r) in ("max", "min"))}
 
 
-def accumulators(kinds: list[str]) -> list[str]:
-    """The accumulators' initial values: each reduction's identity, then a zero NaN count per max or min."""
-    return [REDUCE_IDENTITY[k] for k in kinds] + ["0.0" for k in kinds if k in ("max", "min")]
-
-
 def meet(reds: list, n: int, pad: str) -> list[str]:
     """Each program's share (`<name>_part`) of every full reduction, stored or added, then the ticket: an `if`
     at `pad` whose body is the last program's."""
@@ -119,14 +114,17 @@ def finish(reds: list, n: int, pad: str, count) -> list[str]:
     return out
 
 
-def launch_setup(blocks: str, kinds: list[str], dev: str) -> list[str]:
-    """A launcher's grid over `blocks` and, for a kernel that reduces across programs (`kinds`: one per full
-    reduction), the grid capped at MAX_PROGRAMS and the buffers where programs meet: atomics' accumulators,
-    ordered partials, the ticket that finds the last program."""
-    if not kinds:
+def launch_setup(blocks: str, reds: list | None, dev: str) -> list[str]:
+    """A launcher's grid over `blocks` and, for a kernel whose programs meet (`reds`: its full reductions, None
+    when they do not meet), the grid capped at MAX_PROGRAMS and the buffers where they meet, laid out as meet()
+    and finish() read them: accumulators (each reduction's identity, then a zero NaN count per max or min),
+    ordered partials, the ticket that finds the last program. Column sums alone still get one slot of each."""
+    if reds is None:
         return [f"    grid = (max(1, {blocks}),)"]
+    kinds = [_kind(r) for r in reds] or ["sum"]
+    init = [REDUCE_IDENTITY[k] for k in kinds] + ["0.0" for k in kinds if k in ("max", "min")]
     return [f"    grid = (max(1, min({blocks}, MAX_PROGRAMS)),)",
             "    ordered = deterministic or ORDERED_PARTIALS",
-            f"    acc = torch.tensor([{', '.join(accumulators(kinds))}], dtype=torch.float32, device={dev})",
+            f"    acc = torch.tensor([{', '.join(init)}], dtype=torch.float32, device={dev})",
             f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})",
             f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})"]

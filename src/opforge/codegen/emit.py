@@ -82,7 +82,6 @@ def _to_dtype(x, DTYPE: tl.constexpr):
 '''
 
 
-
 def _py_shape(shape: list, dims: dict) -> str:
     """A shape as a Python tuple, its symbols read off the inputs (`dims`: symbol -> 'x.shape[0]')."""
     parts = [str(d) if isinstance(d, int) else pysrc(d, dims) for d in shape]
@@ -181,8 +180,8 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     for o in plan.outputs:
         dtype = f"{o.like}.dtype" if o.like else "torch.float32"
         b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
-    kinds = [("sum" if r.kind == "mean" else r.kind) for r in plan.reductions]
-    out += launch_setup("triton.cdiv(n_elements, BLOCK)", kinds, dev)
+    out += launch_setup("triton.cdiv(n_elements, BLOCK)", plan.reductions if plan.reduces_across_programs else None,
+                        dev)
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     extra = ""
     if plan.reduces_across_programs:

@@ -520,8 +520,7 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b("    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK_C)")
     b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
     cross = plan.reduces_across_programs
-    kinds = [("sum" if r.kind == "mean" else r.kind) for r in plan.full_reductions] or ["sum"]
-    out += launch_setup("triton.cdiv(n_rows, BLOCK_R)", kinds if cross else [], dev)
+    out += launch_setup("triton.cdiv(n_rows, BLOCK_R)", plan.full_reductions if cross else None, dev)
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     args += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     extra = ""

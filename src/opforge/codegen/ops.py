@@ -281,14 +281,19 @@ def ieee_nodes(graph, outputs) -> set:
             exact[n] = bool(rule and rule.exact) and all(exact.get(s, True) for s in n.all_input_nodes)
         else:
             exact[n] = True
-    held: set = set()
-    stack = [o for o in outputs if isinstance(o, torch.fx.Node) and exact.get(o)]
+    return upstream(o for o in outputs if isinstance(o, torch.fx.Node) and exact.get(o))
+
+
+def upstream(nodes) -> set:
+    """The fx nodes given (others are skipped) and every node they depend on."""
+    seen: set = set()
+    stack = [n for n in nodes if isinstance(n, torch.fx.Node)]
     while stack:
         n = stack.pop()
-        if n not in held:
-            held.add(n)
+        if n not in seen:
+            seen.add(n)
             stack.extend(n.all_input_nodes)
-    return held
+    return seen
 
 
 def op_name(target) -> str:

@@ -29,6 +29,7 @@ from opforge.codegen.ops import (
     block_reduce,
     ieee_nodes,
     op_name,
+    upstream,
 )
 from opforge.codegen.trace import AttrRef
 
@@ -175,15 +176,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                           f"value {node.name} of shape {list(node.meta['val'].shape)} is neither the full "
                           f"tensor nor a scalar (row/column broadcasts need the row kernel)")
 
-    # the nodes the wanted outputs depend on, in graph order
-    needed: set = set()
-    stack = [w for w in wanted if isinstance(w, torch.fx.Node)]
-    while stack:
-        n = stack.pop()
-        if n in needed:
-            continue
-        needed.add(n)
-        stack.extend(a for a in n.all_input_nodes)
+    needed = upstream(wanted)  # the nodes the wanted outputs depend on
 
     held = ieee_nodes(graph, wanted)
     var: dict = {}  # node -> variable name (views alias their source)

@@ -40,6 +40,7 @@ from opforge.codegen.ops import (
     SYMBOLIC,
     VIEW,
     op_name,
+    upstream,
 )
 from opforge.codegen.plan import OutArg, Unsupported, check_output
 from opforge.codegen.symbolic import hint, product, pysrc, same, shape_env_of, shape_of
@@ -176,13 +177,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     if bad:
         raise Unsupported(sorted(set(bad)), "no Triton lowering for")
 
-    needed: set = set()
-    stack = [w for w in wanted if isinstance(w, torch.fx.Node)]
-    while stack:
-        n = stack.pop()
-        if n not in needed:
-            needed.add(n)
-            stack.extend(n.all_input_nodes)
+    needed = upstream(wanted)
 
     def is_tensor(n):
         return isinstance(n.meta.get("val"), torch.Tensor)
@@ -528,16 +523,6 @@ def with_outputs(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, g)
 
 
-def _ancestors(node) -> set:
-    seen, stack = set(), list(node.all_input_nodes)
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-    return seen
-
-
 def _handed_shape(shape, kind: str) -> list:
     """The shape a finished value is handed over in: one row of columns, or one value (broadcast later)."""
     shape = list(shape)
@@ -580,7 +565,7 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
             first = plan_rows(f"{name}_a", with_outputs(gm, exc.cut), input_names,
                               [(f"{name}_r{i}", i) for i in ready], {}, sym_names)
         except Unsupported:
-            ready = [i for i, c in enumerate(exc.cut) if not (_ancestors(c) & (set(exc.cut) - {c}))]
+            ready = [i for i, c in enumerate(exc.cut) if not (upstream(c.all_input_nodes) & (set(exc.cut) - {c}))]
         exc.cut, exc.kinds = [exc.cut[i] for i in ready], [exc.kinds[i] for i in ready]
         reason = "; ".join(exc.whys[i] for i in ready)
         temps = [f"{name}_r{i}" for i in range(len(exc.cut))]
