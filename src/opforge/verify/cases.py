@@ -135,10 +135,11 @@ def _call_impl(impl, op: str, tensors, attrs, grad_outputs, grad_inputs, names):
     return ins, [o.detach() for o in outs], [g.detach() for g in grads]
 
 
-def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) -> dict:
+def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, with_eager: bool = True) -> dict:
     """Run one case through the delivered op and the golden; returns the result (metrics per output).
 
     `spec` is the SPEC front matter (op_name, tolerance, exact_outputs, reduced_outputs, backward).
+    `with_eager=False` leaves out eager's figures, which no verdict reads (a tuning round needs the verdict only).
     """
     seed = fresh_seed() if seed is None else seed
     dtype = parse_dtype(case["dtype"])
@@ -165,7 +166,7 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) ->
     produced.update((f"grad_{n}", grads[k]) for k, n in enumerate(grad_inputs))
     small = [n for n, t in wanted.items() if n not in spec.get("exact_outputs", []) and t[0].numel() < SPREAD_NUMEL]
     spread = _fp32_error_spread(golden, tensors, g_outs, attrs, grad_inputs, small, seed) if small else {}
-    eager = _eager_paths(golden, tensors, g_outs, attrs, grad_inputs, wanted, dtype)
+    eager = _eager_paths(golden, tensors, g_outs, attrs, grad_inputs, wanted, dtype) if with_eager else None
 
     named_inputs = dict(zip(names, tensors))
     n_elements = max((t.numel() for t in tensors), default=0)
@@ -196,7 +197,8 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None) ->
                 res["reference_fp32_error_rms"] = spread[name]
             # the verdict's truth may take the float32 path where it overflows: side by side with eager, plain float64
             res["vs_float64"] = _brief(compare(actual, t64, tol, name=name))
-        res["eager"] = _eager_figures(actual, eager.get(name), t64, tol, name)
+        if eager is not None:
+            res["eager"] = _eager_figures(actual, eager.get(name), t64, tol, name)
         results.append(res)
     results.append(_alias_check(ins, list(produced.values())))
     return _record(case, seed, all(r["passed"] for r in results), results)
