@@ -17,8 +17,8 @@ import torch
 
 from opforge.bench.aot import access_widths, occupancy, parse_arch
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
+from opforge.workspace import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 

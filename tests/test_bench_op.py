@@ -15,10 +15,10 @@ from opforge.bench.opbench import OpCase, bench_case, figures
 from opforge.bench.tuning import apply_config, autotune, current_config, neighbours, write_back
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.trace import trace_request
-from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
 from opforge.skills.op_api.stage import cost_model
 from opforge.verify.inputs import make_tensor
+from opforge.workspace import load_module
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BINDING = {"N": 8, "H": 64}
@@ -137,39 +137,40 @@ class _LaunchSpy:
         return call
 
 
-def test_reduction_strategy_is_a_knob(rms, tmp_path, monkeypatch):
+def test_reduction_strategy_is_a_knob(tmp_path, monkeypatch):
     """ORDERED_PARTIALS makes every call reduce across programs as deterministic=True does (the same bits on any
     device, where same-address atomics may round differently), and the tuner searches it and writes it back."""
-    req, impl, path = rms
-    spy = _LaunchSpy(impl._rms_norm_backward_kernel)
-    monkeypatch.setattr(impl, "_rms_norm_backward_kernel", spy)
+    req = load_request(EXAMPLES / "cross_entropy")  # the loss: a full sum over every row's term
+    path = tmp_path / "cross_entropy_impl.py"
+    path.write_text(generate_impl(req, plan_request(req)))
+    impl = load_module(path, "bench_cross_entropy_impl")
+    spy = _LaunchSpy(impl._cross_entropy_forward_kernel)
+    monkeypatch.setattr(impl, "_cross_entropy_forward_kernel", spy)
     g = torch.Generator().manual_seed(5)
-    x, w, go = torch.randn(64, 64, generator=g), torch.randn(64, generator=g), torch.randn(64, 64, generator=g)
+    x, t = torch.randn(64, 64, generator=g), torch.rand(64, 64, generator=g) * 1e-3
 
-    def grads(**kw):
-        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-        return torch.autograd.grad(impl.rms_norm(xs, ws, **kw), (xs, ws), go)
+    def loss(**kw):
+        return impl.cross_entropy(x, t, **kw)
 
     start = current_config(impl)
     assert start["ORDERED_PARTIALS"] is False
     try:
-        apply_config(impl, {**start, "TILE": 64})  # a row a program: 64 programs add into grad_weight
-        atomics, ordered = grads(), grads(deterministic=True)
+        apply_config(impl, {**start, "TILE": 64})  # a row a program: 64 programs add into the loss
+        atomics, ordered = loss(), loss(deterministic=True)
         apply_config(impl, {**start, "TILE": 64, "ORDERED_PARTIALS": True})
-        tuned = grads()
+        tuned = loss()
     finally:
         apply_config(impl, start)
     assert spy.deterministic == [False, True, True] and spy.grids == [(64,)] * 3
     try:  # the grid of a kernel that reduces across programs is capped; each program walks several rows
         apply_config(impl, {**start, "TILE": 64, "MAX_PROGRAMS": 5})
-        capped = grads()
+        capped = loss()
     finally:
         apply_config(impl, start)
     assert spy.grids[-1] == (5,)
-    torch.testing.assert_close(capped[1], atomics[1])
-    torch.testing.assert_close(capped[0], atomics[0], rtol=0, atol=0)  # rows do not depend on the grid
-    assert torch.equal(tuned[0], ordered[0]) and torch.equal(tuned[1], ordered[1])
-    torch.testing.assert_close(atomics[1], ordered[1])
+    torch.testing.assert_close(capped, atomics)
+    assert torch.equal(tuned, ordered)
+    torch.testing.assert_close(atomics, ordered)
     # one step of every knob comes before a second step of any: the strategy is within the first rounds
     knobs = [next(k for k in c if c[k] != start[k]) for c in neighbours(start)]
     repeat = next(i for i, k in enumerate(knobs) if k in knobs[:i])
@@ -182,8 +183,8 @@ def test_reduction_strategy_is_a_knob(rms, tmp_path, monkeypatch):
 
 def test_accelerator_report_renders_measured_rows(rms, tmp_path):
     # PERF.md and perf.png as a GPU run writes them, from rows measured here through the same loop
-    from opforge.orchestrator.workspace import Workspace
     from opforge.skills.op_perf.stage import _md, _plot
+    from opforge.workspace import Workspace
 
     req, impl, _ = rms
     res = bench_case(_case(req), req.load_reference(), impl.rms_norm, rep_ms=5, baselines=("eager",), clock=_clock())

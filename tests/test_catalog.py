@@ -9,18 +9,21 @@ Shapes are small and not block multiples; a second run forces rows to be walked 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
 from opforge.verify.metrics import compare
 from opforge.verify.tolerance import Tolerance, tolerance_for
+from opforge.workspace import load_module
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -113,7 +116,7 @@ def lsq(x, step, bits=8):
 # name -> (formula, shape bindings, the longest reduction among its outputs: None, "row", "col" or "all")
 CATALOG = {
     "qat_symmetric_per_channel": (qat_per_channel, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "row"),
-    "qat_asymmetric_per_group": (qat_per_group, [{"N": 3, "G": 1}, {"N": 9, "G": 5}], "row"),
+    "qat_asymmetric_per_group": (qat_per_group, [{"N": 3, "G": 1}, {"N": 37, "G": 5}], "row"),
     "rms_norm": (rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "layer_norm": (layer_norm, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "add_rms_norm": (add_rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
@@ -122,7 +125,7 @@ CATALOG = {
     "cross_entropy_labels": (cross_entropy_labels, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
     "swiglu": (swiglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),
     "geglu": (geglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),
-    "rope": (rope, [{"B": 1, "H": 2, "S": 3, "D": 4}, {"B": 2, "H": 3, "S": 5, "D": 24}], None),
+    "rope": (rope, [{"B": 1, "H": 2, "S": 3, "D": 4}, {"B": 2, "H": 3, "S": 25, "D": 24}], None),
     "lsq_fake_quant": (lsq, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "all"),
 }
 
@@ -174,13 +177,21 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
     looped, strided = mode.startswith("looped"), mode.endswith("strided")
     if looped and not rows:
         pytest.skip("flat kernel: it has no rows to walk in chunks")
-    assert not strided or hasattr(impl, "MAX_PROGRAMS")
+    assert not strided or hasattr(impl, "MAX_PROGRAMS") or hasattr(impl, "_num_sms")
     if looped:  # every row of 5+ columns (strided: 65+) is walked in chunks
         monkeypatch.setattr(impl, "MAX_BLOCK_C", 64 if strided else 4)
     if strided:  # small blocks, 3 programs: each walks several blocks and combines its results in registers
-        monkeypatch.setattr(impl, "MAX_PROGRAMS", 3)
+        for knob, value in (("MAX_PROGRAMS", 3), ("_num_sms", lambda device: 3), ("COLUMN_BLOCK", 4),
+                             ("PARTIAL_ROWS", 2)):
+            if hasattr(impl, knob):  # column sums: 3 partial rows, summed by programs of 4 columns
+                monkeypatch.setattr(impl, knob, value)
         monkeypatch.setattr(impl, "TILE", 8)
         monkeypatch.setattr(impl, "BLOCK", 16)
+    programs = []  # each launch's grid
+    kernel_type = type(next(v for k, v in vars(impl).items() if k.endswith("_kernel")))
+    launch = kernel_type.run
+    monkeypatch.setattr(kernel_type, "run",
+                        lambda self, *a, grid, **kw: programs.append(grid[0]) or launch(self, *a, grid=grid, **kw))
     gen = torch.Generator().manual_seed(sum(map(ord, name)) + len(str(dtype)))
     for binding, deterministic in [(b, d) for b in bindings for d in ([False, True] if strided else [False])]:
         ins = _inputs(req, binding, dtype, gen)
@@ -204,6 +215,60 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
             assert a.dtype == dtype and a.shape == b.shape, (n, a.dtype, a.shape, b.shape)
             res = compare(a, b, tol, name=n)
             assert res["passed"], f"{name} {dtype} {binding} {n}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+    if mode == "persistent":  # the shipped block sizes, as on a GPU: the larger shape takes several programs
+        assert max(programs) > 1, programs
+
+
+def test_impls_run_the_gpus_block_sizes_in_the_interpreter(built):
+    for name, (_, impl, _) in built.items():
+        assert impl.INTERPRET is (DEVICE == "cpu"), name
+        assert (impl.BLOCK, impl.TILE) == (1024, 4096), name  # DESIGN.md's tiling
+
+
+# Imports an impl in a fresh interpreter and prints where its kernels run, its constants, TRITON_INTERPRET as
+# the import left it, and, when interpreted, the loss and gradient error of 19 rows (3 programs) against float64.
+IMPORT_AND_RUN = '''
+import importlib.util, json, os, sys
+import torch
+spec = importlib.util.spec_from_file_location("impl", sys.argv[1])
+impl = importlib.util.module_from_spec(spec)
+sys.modules["impl"] = impl
+spec.loader.exec_module(impl)
+out = {"env": os.environ.get("TRITON_INTERPRET"), "interpret": impl.INTERPRET,
+       "kernel": type(impl._cross_entropy_labels_forward_kernel).__name__,
+       "constants": {k: getattr(impl, k) for k in ("BLOCK", "TILE", "MAX_BLOCK_C", "MAX_PROGRAMS", "RBLOCK")}}
+if impl.INTERPRET:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(19, 300, generator=gen, requires_grad=True)
+    target = torch.randint(0, 300, (19,), generator=gen)
+    target[0] = -100
+    x64 = logits.detach().double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(x64, target, ignore_index=-100)
+    got = impl.cross_entropy_labels(logits, target)
+    out["loss_error"] = abs(float(got) - float(want))
+    out["grad_error"] = float((torch.autograd.grad(got, logits)[0] - torch.autograd.grad(want, x64)[0]).abs().max())
+print(json.dumps(out))
+'''
+
+
+def _import_in_subprocess(path: Path, interpret: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, on a GPU machine too
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
+    proc = subprocess.run([sys.executable, "-c", IMPORT_AND_RUN, str(path)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_importing_an_impl_leaves_triton_interpret_as_it_found_it(built):
+    path = Path(built["cross_entropy_labels"][1].__file__)
+    cpu = _import_in_subprocess(path, None)  # unset, no GPU: the impl's own kernels are interpreted
+    assert cpu["env"] is None and cpu["interpret"] and cpu["kernel"] == "InterpretedFunction"
+    assert cpu["loss_error"] < 1e-5 and cpu["grad_error"] < 1e-6
+    gpu = _import_in_subprocess(path, "0")  # as `opforge bench compile` imports it: compiled kernels
+    assert gpu["env"] == "0" and not gpu["interpret"] and gpu["kernel"] == "JITFunction"
+    assert cpu["constants"] == gpu["constants"]  # the interpreter runs what the GPU runs
 
 
 def test_looped_softmax_takes_max_and_sum_in_one_walk_and_keeps_torch_nonfinite_rows(built, monkeypatch):
@@ -216,3 +281,42 @@ def test_looped_softmax_takes_max_and_sum_in_one_walk_and_keeps_torch_nonfinite_
     got, want = impl.softmax(x.float()).double(), torch.softmax(x, -1)
     assert torch.equal(got.isnan(), want.isnan())  # a NaN, a +inf, an all -inf row: NaN rows, as torch
     torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-5, atol=1e-7)
+
+
+# the catalog operators whose reference reads leading dimensions otherwise: cross_entropy takes dim 1 of a 3-D
+# input as the classes; the per-group quantizer views its weight by the first dimension alone
+DECLARED_RANK_ONLY = {"cross_entropy", "cross_entropy_labels", "qat_asymmetric_per_group"}
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_catalog_op_takes_leading_dimensions_where_its_reference_does(built, name):
+    """An op built from an (N, H) request called on (2, N, H): the leading dimensions are rows, so the output and
+    every gradient are the 2-D call's on the (2N, H) view, bit for bit; an op whose reference means something else
+    by them keeps its declared rank and refuses the call."""
+    req, impl, _ = built[name]
+    binding = CATALOG[name][1][0]
+    rows = req.inputs[0].shape[0]
+    gen = torch.Generator().manual_seed(17)
+    a, b = _inputs(req, binding, torch.float32, gen), _inputs(req, binding, torch.float32, gen)
+    leads = [bool(s.shape) and s.shape[0] == rows for s in req.inputs]
+    stacked = [torch.stack([x, y]) if lead else x for x, y, lead in zip(a, b, leads)]
+    if name in DECLARED_RANK_ONLY:
+        with pytest.raises(ValueError, match="expected"):
+            getattr(impl, name)(*stacked)
+        return
+    flat = [t.reshape(-1, *t.shape[2:]) if lead else t for t, lead in zip(stacked, leads)]
+    results = []
+    for ins in (stacked, flat):
+        ins = [t.clone().requires_grad_(s.requires_grad and t.is_floating_point()) for t, s in zip(ins, req.inputs)]
+        out = getattr(impl, name)(*ins)
+        outs = out if isinstance(out, tuple) else (out,)
+        gen_g = torch.Generator().manual_seed(3)
+        grads_out = [torch.randn(o.shape, generator=gen_g) for o in outs]
+        wrt = [t for t in ins if t.requires_grad]
+        results.append((outs, torch.autograd.grad(outs, wrt, grads_out)))
+    (outs3, grads3), (outs2, grads2) = results
+    for o3, o2 in zip(outs3, outs2):
+        assert o3.shape[:2] == (2, binding[rows]) or o3.shape == o2.shape
+        assert torch.equal(o3.reshape(o2.shape), o2)
+    for g3, g2 in zip(grads3, grads2):
+        assert torch.equal(g3.reshape(g2.shape), g2)

@@ -8,9 +8,9 @@ import torch
 from conftest import ROOT, make_request
 
 from opforge.codegen.eager_dispatch import dispatched_kernels, eager_cost, tensor_bytes
-from opforge.orchestrator.workspace import Workspace
 from opforge.request import load_request
 from opforge.skills.op_api.stage import run as api_stage
+from opforge.workspace import Workspace
 
 MiB = 2**20
 
@@ -93,5 +93,5 @@ def test_api_report_carries_the_dispatched_count(tmp_path):
     assert (row["backward"]["eager_kernels"], row["backward"]["eager_bytes"]) == (1, 48 * MiB)
     assert row["forward"]["eager_ops"] == ["aten._softmax.default"]
     md = (tmp_path / "API_REPORT.md").read_text()
-    assert f"| forward | 1 | {32 * MiB:,} | 1 | {32 * MiB:,} | 1.0× |" in md
+    assert f"| forward | 1 (0) | {32 * MiB:,} | 1 | {32 * MiB:,} | 1.0× |" in md
     assert "- forward: `aten._softmax.default`" in md

@@ -15,7 +15,7 @@ from opforge.codegen.build import generate_impl, plan_request
 from opforge.llm.develop import IMPL_GATES, static_check
 from opforge.orchestrator.gates import RULES, impl_reach_problems, run_gates
 from opforge.orchestrator.runner import create_workspace, run_stages
-from opforge.orchestrator.workspace import Workspace
+from opforge.workspace import Workspace
 
 OP = "qat_symmetric_per_tensor"
 

@@ -15,10 +15,10 @@ from conftest import make_request
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.orchestrator.events import read_events
 from opforge.orchestrator.gates import run_gates
 from opforge.orchestrator.state import load_state
-from opforge.orchestrator.workspace import Workspace
+from opforge.workspace import Workspace
+from opforge.workspace.events import read_events
 
 OP = "qat_symmetric_per_tensor"
 
@@ -62,6 +62,27 @@ def test_workspace_tests_run_with_plain_pytest(ws_copy):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
                            "level1 and float32 or opcheck"], cwd=ws_copy, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_workspace_tests_skip_determinism_in_the_interpreter_and_say_why(ws_copy):
+    # TRITON_INTERPRET unset: the impl interprets its own kernels and leaves the switch unset, so only the impl
+    # can tell the test file where its kernels run; a determinism test that cannot fail there is not a pass
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k",
+                           "deterministic or different_inputs"], cwd=ws_copy, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "1 passed, 1 skipped" in proc.stdout
+    assert "the interpreter runs programs one at a time: run-to-run differences cannot show" in proc.stdout
+
+
+def test_precision_report_marks_the_cases_run_with_interpreter_blocks(built_ws):
+    report = json.loads((built_ws / "precision.json").read_text())
+    big = [r["case"] for r in report["cases"] if r.get("interpreter_blocks")]
+    # this request's p0 shapes are small: only Level 1's largest shape is over the limit, once per dtype
+    assert big and all("N129xM1031" in c for c in big), big
+    assert report["summary"]["interpreter_blocks"] == len(big) < report["summary"]["total"]
+    assert "for speed only" in (built_ws / "PRECISION.md").read_text()
 
 
 def test_clean_workspace_passes_every_gate(built_ws):

@@ -11,8 +11,8 @@ import yaml
 
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.errors import InputError
-from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
+from opforge.workspace import load_module
 
 GATED = "return torch.nn.functional.silu(a) * b"
 SHAPES = [{"N": 3, "M": 5}, {"N": 7, "M": 33}]

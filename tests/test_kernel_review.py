@@ -181,3 +181,90 @@ def test_float_to_int_cast_truncates_toward_zero(tmp_path):
                       [-1e7, 3e9 / 2, 5.0, -5.0, 1.0]])
     got = impl.trunc_op(x.clone().requires_grad_())
     assert torch.equal(got.detach(), x * 2 + (x.to(torch.int32).float() - x))
+
+
+class _GridSpy:
+    """Records each launch's grid and the numel of its tensor arguments."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def call(*args, **kwargs):
+            self.launches.append((grid, [a.numel() for a in args if isinstance(a, torch.Tensor)], kwargs))
+            return self.kernel[grid](*args, **kwargs)
+        return call
+
+
+@pytest.fixture(scope="module")
+def layer_norm(tmp_path_factory):
+    req = load_request(ROOT / "examples" / "layer_norm")
+    return load_impl(tmp_path_factory.mktemp("ln") / "layer_norm_impl.py", generate_impl(req, plan_request(req)))
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_column_sums_run_one_program_per_sm_and_a_second_kernel_adds_their_rows(layer_norm, looped, monkeypatch):
+    """grad_weight and grad_bias: the row kernel's grid is the device's SM count (5 here), each program stores one
+    float32 row per column sum, and a second kernel adds the 5 rows: no program reads grid x n_cols partials."""
+    impl = layer_norm
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 5)
+    monkeypatch.setattr(impl, "TILE", 32)  # 2 rows per row block: 19 row blocks for 37 rows
+    monkeypatch.setattr(impl, "COLUMN_BLOCK", 4)
+    monkeypatch.setattr(impl, "PARTIAL_ROWS", 2)  # 5 partial rows: 3 steps, the last one masked
+    if looped:
+        monkeypatch.setattr(impl, "MAX_BLOCK_C", 4)
+    rows, cols = _GridSpy(impl._layer_norm_backward_kernel), _GridSpy(impl._layer_norm_backward_column_sums)
+    monkeypatch.setattr(impl, "_layer_norm_backward_kernel", rows)
+    monkeypatch.setattr(impl, "_layer_norm_backward_column_sums", cols)
+    gen = torch.Generator().manual_seed(7)
+    x, w, b = (torch.randn(s, generator=gen, dtype=torch.float64) for s in ((37, 9), (9,), (9,)))
+    g = torch.randn(37, 9, generator=gen, dtype=torch.float64)
+    ref = torch.autograd.grad(torch.nn.functional.layer_norm(x.requires_grad_(), (9,), w.requires_grad_(),
+                                                             b.requires_grad_(), 1e-5), (x, w, b), g)
+    xs, ws, bs = (t.detach().float().requires_grad_() for t in (x, w, b))
+    got = torch.autograd.grad(impl.layer_norm(xs, ws, bs), (xs, ws, bs), g.float())
+    for a, e in zip(got, ref):
+        torch.testing.assert_close(a.double(), e, atol=2e-5, rtol=2e-5)
+    (grid, numels, _), = rows.launches
+    assert grid == (5,) and 5 * 2 * 9 in numels  # one partial row per program and column sum
+    (col_grid, _, _), = cols.launches
+    assert col_grid == (3,)  # 9 columns, 4 per program
+
+
+def test_empty_rows_give_zero_column_sums(layer_norm):
+    x = torch.zeros(0, 9, requires_grad=True)
+    w, b = torch.ones(9, requires_grad=True), torch.zeros(9, requires_grad=True)
+    out = layer_norm.layer_norm(x, w, b)
+    gx, gw, gb = torch.autograd.grad(out, (x, w, b), torch.zeros(0, 9))
+    assert gx.shape == (0, 9) and torch.equal(gw, torch.zeros(9)) and torch.equal(gb, torch.zeros(9))
+
+
+class _Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_call_copies_nothing_from_the_host_and_zeroes_one_buffer(absmax, deterministic):
+    """torch.tensor([...], device=...) on every call is a host-to-device copy that also breaks CUDA-graph
+    capture: the buffers where programs meet are zeroed or left empty on the device, one memset in all."""
+    x = torch.randn(4, 5)
+    with _Allocations() as seen:  # the launcher: the mode sees the custom op's insides as one op
+        absmax.absmax_forward(x, deterministic=deterministic)
+    assert "aten.lift_fresh.default" not in seen.ops  # what torch.tensor(list) dispatches
+    assert sum(op.startswith(("aten.zeros", "aten.zero_")) for op in seen.ops) == 1
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_launchers_allocate_no_unused_buffer(name):
+    req = load_request(ROOT / "examples" / name)
+    src = generate_impl(req, plan_request(req))
+    assert "torch.tensor(" not in src
+    for buf in ("acc", "partials", "ticket", "colpart"):
+        if f"    {buf} = " in src or f", {buf} = " in src:
+            assert f"{buf}_ptr" in src, buf

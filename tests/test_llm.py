@@ -15,8 +15,8 @@ from llm_replay import Replay, text, tools
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.orchestrator.events import read_events
 from opforge.orchestrator.runner import create_workspace, run_stages
+from opforge.workspace.events import read_events
 
 pytest.importorskip("openai")
 runner = CliRunner()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import re
 
-from opforge.orchestrator.atomic import write_json_atomic
 from opforge.orchestrator.state import load_state
-from opforge.orchestrator.workspace import Workspace
 from opforge.request import load_request
 from opforge.skills.op_develop.stage import precision_report, run_tests
 from opforge.skills.op_precision.stage import run as run_stage6
+from opforge.workspace import Workspace
+from opforge.workspace.atomic import write_json_atomic
 
 OP = "qat_symmetric_per_tensor"
 

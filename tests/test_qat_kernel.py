@@ -14,8 +14,8 @@ import torch
 from conftest import make_request
 
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.orchestrator.workspace import load_module
 from opforge.request import load_request
+from opforge.workspace import load_module
 
 EPS, QMIN, QMAX = 1e-4, -128.0, 127.0
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]

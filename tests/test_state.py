@@ -15,15 +15,6 @@ import time
 import pytest
 
 from opforge.errors import InputError
-from opforge.orchestrator.atomic import (
-    LOCK_FILE,
-    sha256_file,
-    workspace_lock,
-    write_bytes_atomic,
-    write_json_atomic,
-    write_text_atomic,
-)
-from opforge.orchestrator.events import EVENTS_FILE, log_event, read_events
 from opforge.orchestrator.history import HISTORY_DIR, latest_snapshot, list_snapshots, restore, snapshot
 from opforge.orchestrator.state import (
     RETRY_BUDGET,
@@ -34,6 +25,15 @@ from opforge.orchestrator.state import (
     load_state,
     save_state,
 )
+from opforge.workspace.atomic import (
+    LOCK_FILE,
+    sha256_file,
+    workspace_lock,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+from opforge.workspace.events import EVENTS_FILE, log_event, read_events
 
 # -- state ---------------------------------------------------------------------------------------------------
 
@@ -212,7 +212,7 @@ def test_atomic_write_failure_removes_temp(tmp_path):
 
 _WRITER = textwrap.dedent("""
     import sys
-    from opforge.orchestrator.atomic import write_json_atomic
+    from opforge.workspace.atomic import write_json_atomic
     path, i = sys.argv[1], 0
     write_json_atomic(path, {"i": i, "pad": ""})
     print("ready", flush=True)
@@ -271,7 +271,7 @@ def test_lock_refuses_second_holder_in_thread(tmp_path):
 def test_lock_refuses_second_process(tmp_path):
     holder = textwrap.dedent("""
         import sys
-        from opforge.orchestrator.atomic import workspace_lock
+        from opforge.workspace.atomic import workspace_lock
         with workspace_lock(sys.argv[1]):
             print("held", flush=True)
             sys.stdin.read()

@@ -148,3 +148,40 @@ def _two_seeds(seed_env: str) -> str:
 def test_opforge_seed_pins_the_drawn_seeds():
     assert _two_seeds("7") == _two_seeds("7") and len(set(_two_seeds("7").split())) == 2
     assert _two_seeds("") != _two_seeds("")  # unset: drawn fresh
+
+
+def test_the_interpreter_runs_the_shipped_blocks_and_larger_ones_only_past_the_limit():
+    from types import SimpleNamespace
+
+    from opforge.skills.op_develop.stage import precision_report, render_precision
+    from opforge.verify.cases import INTERPRETER_BLOCKS, SHIPPED_BLOCKS_UP_TO, check_case
+
+    seen = []
+
+    def op(x):
+        seen.append((impl.BLOCK, impl.TILE))
+        return x * 2
+
+    golden = SimpleNamespace(INPUT_NAMES=["x"], OUTPUT_NAMES=["out"], GRAD_INPUTS=[], ATTRIBUTES={},
+                             INPUTS=[{"name": "x", "shape": ["N"]}],
+                             forward=lambda x, compute_dtype=torch.float32: (x.to(compute_dtype) * 2,),
+                             make_inputs=lambda b, dt, seed, dist="normal": [make_tensor((b["N"],), dt, seed=seed)])
+    spec = {"op_name": "op", "backward": False}
+    small = {"id": "small", "level": 1, "binding": {"N": SHIPPED_BLOCKS_UP_TO}, "dtype": "float32",
+             "distribution": "normal"}
+    big = {**small, "id": "big", "level": 0, "binding": {"N": SHIPPED_BLOCKS_UP_TO + 1}}
+    shipped = {"BLOCK": 1024, "TILE": 4096}
+    impl = SimpleNamespace(INTERPRET=True, op=op, **shipped)
+    records = [check_case(impl, golden, c, spec, seed=1, with_eager=False) for c in (small, big)]
+    assert seen == [(1024, 4096), (INTERPRETER_BLOCKS["BLOCK"], INTERPRETER_BLOCKS["TILE"])]
+    assert (impl.BLOCK, impl.TILE) == (1024, 4096)  # restored after the case
+    assert "interpreter_blocks" not in records[0]
+    assert records[1]["interpreter_blocks"] == {"ran": INTERPRETER_BLOCKS, "shipped": shipped}
+    md = render_precision("op", precision_report(records, 0, "2 passed"))
+    assert ("1 of 2 cases, those with inputs over 65,536 elements, ran in Triton's interpreter with BLOCK=32768, "
+            "TILE=65536 instead of the shipped BLOCK=1024, TILE=4096, for speed only") in md
+    assert "| big (interpreter blocks) |" in md and "| small |" in md
+    seen.clear()
+    impl = SimpleNamespace(INTERPRET=False, op=op, **shipped)  # a GPU runs what ships, at every size
+    assert "interpreter_blocks" not in check_case(impl, golden, big, spec, seed=1, with_eager=False)
+    assert seen == [(1024, 4096)]

@@ -163,7 +163,7 @@ def op_gate(ws_dir: Path = typer.Argument(...), stage: int = typer.Option(..., "
     """Check a stage's gates without running it; exit 1 when a blocking rule fails."""
     from opforge.orchestrator.gates import blocking_failures, run_gates
     from opforge.orchestrator.state import load_state
-    from opforge.orchestrator.workspace import Workspace
+    from opforge.workspace import Workspace
 
     try:
         state = load_state(ws_dir)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from opforge.workspace import load_module
+
 ARCH_RE = re.compile(r"sm_(\d{2,3})a?$")
 RESOURCE_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 ACCESS_RE = re.compile(r"\b(ld|st)\.global((?:\.\w+)*)")
@@ -177,8 +179,6 @@ def compile_only(capability: int):
 def load_for_compile(path: Path, name: str):
     """Import an impl with the interpreter off, so that its kernels are JITFunctions and its launch options
     (num_warps, num_stages) are the GPU ones."""
-    from opforge.orchestrator.workspace import load_module
-
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
     try:
@@ -215,6 +215,8 @@ def compile_calls(req, impl, binding: dict, dtype: torch.dtype, grad_names, capa
     op = getattr(impl, req.name)
     ins = _inputs(req, binding, dtype, grad_names)
     records = []
+    if hasattr(impl, "_num_sms"):  # column sums size their grid by the device's SMs: the target's, not this host's
+        impl._num_sms = lambda device: SM_LIMITS.get(capability, SM_LIMITS[90])["sms"]
     with compile_only(capability) as builds:
         try:
             outs = op(*ins, **req.attr_defaults)

@@ -21,10 +21,10 @@ from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import BASELINES, COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
 from opforge.errors import InputError
-from opforge.orchestrator.workspace import load_module
 from opforge.request import Request, load_request
 from opforge.verify.inputs import make_tensor
 from opforge.verify.tolerance import parse_dtype
+from opforge.workspace import load_module
 
 GPU_ELEMENTS = 64 * 2**20  # per largest input: pointwise kernels are bandwidth-bound well before this
 NOT_MEASURED_CPU = ("fused kernels were not timed: without an accelerator they run in Triton's interpreter, whose "

@@ -37,7 +37,7 @@ def catalog_cmd(
 ):
     """Time the catalog: fused kernels against eager and torch.compile, forward and forward+backward."""
     from opforge.bench.catalog import run_catalog, to_markdown
-    from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
+    from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
     try:
         chosen = _split(baselines) or []
@@ -101,8 +101,8 @@ def compile_cmd(
 
     from opforge.bench.aot import compile_op, parse_arch, to_markdown, toolchain
     from opforge.bench.catalog import scaled_binding, select
-    from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
     from opforge.request import load_request
+    from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
     try:
         if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's own jit helpers (tl.cumsum's combine) are

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from opforge.orchestrator.atomic import write_text_atomic
+from opforge.workspace.atomic import write_text_atomic
 
 SPACE = {
     "TILE": [1024, 2048, 4096, 8192, 16384],
@@ -138,7 +138,7 @@ def _replace_last_int(expr: str, value: int) -> str:
     ints = list(re.finditer(r"\b\d+\b", code))
     if not ints:
         return expr
-    m = ints[-1]  # the accelerator's value: `X if INTERPRET else N`, or the default of an env override
+    m = ints[-1]  # the value, or the default of an env override: `int(os.environ.get("OPFORGE_TILE", N))`
     return code[:m.start()] + str(value) + code[m.end():] + sep + comment
 
 

@@ -115,16 +115,31 @@ def finish(reds: list, n: int, pad: str, count) -> list[str]:
 
 
 def launch_setup(blocks: str, reds: list | None, dev: str) -> list[str]:
-    """A launcher's grid over `blocks` and, for a kernel whose programs meet (`reds`: its full reductions, None
-    when they do not meet), the grid capped at MAX_PROGRAMS and the buffers where they meet, laid out as meet()
-    and finish() read them: accumulators (each reduction's identity, then a zero NaN count per max or min),
-    ordered partials, the ticket that finds the last program. Column sums alone still get one slot of each."""
+    """A launcher's grid over `blocks` and, for a kernel whose programs meet at a ticket (`reds`: its full
+    reductions; None when they do not meet), the grid capped at MAX_PROGRAMS and the buffers, laid out as meet()
+    and finish() read them. Nothing is copied from the host (a copy would also break CUDA-graph capture) and
+    nothing unused is allocated: one zeroed int32 buffer holds the ticket and, for atomics, the float32
+    accumulators (zero bits are 0.0; each max or min slot is then filled with its identity, and a zero NaN count
+    follows each); ordered partials need no initial value."""
     if reds is None:
         return [f"    grid = (max(1, {blocks}),)"]
-    kinds = [_kind(r) for r in reds] or ["sum"]
-    init = [REDUCE_IDENTITY[k] for k in kinds] + ["0.0" for k in kinds if k in ("max", "min")]
-    return [f"    grid = (max(1, min({blocks}, MAX_PROGRAMS)),)",
-            "    ordered = deterministic or ORDERED_PARTIALS",
-            f"    acc = torch.tensor([{', '.join(init)}], dtype=torch.float32, device={dev})",
-            f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 1, dtype=torch.float32, device={dev})",
-            f"    ticket = torch.zeros(1, dtype=torch.int32, device={dev})"]
+    kinds = [_kind(r) for r in reds]
+    n_acc = len(kinds) + sum(k in ("max", "min") for k in kinds)
+    out = [f"    grid = (max(1, min({blocks}, MAX_PROGRAMS)),)",
+           "    ordered = deterministic or ORDERED_PARTIALS",
+           f"    workspace = torch.zeros(1 if ordered else {n_acc + 1}, dtype=torch.int32, device={dev})",
+           "    acc, ticket = workspace[:-1].view(torch.float32), workspace[-1:]"]
+    fills = [(i, REDUCE_IDENTITY[k]) for i, k in enumerate(kinds) if k in ("max", "min")]
+    if fills:
+        out.append("    if not ordered:")
+        out += [f"        acc[{i}].fill_({v})" for i, v in fills]
+    out.append(f"    partials = torch.empty(grid[0] * {len(kinds)} if ordered else 0, dtype=torch.float32, "
+               f"device={dev})")
+    return out
+
+
+def device_events(reds: list | None, ordered: bool) -> dict:
+    """What launch_setup's buffers cost on the device per call besides the kernels: memsets and fills."""
+    if not reds:
+        return {"memsets": 0, "fills": 0}
+    return {"memsets": 1, "fills": 0 if ordered else sum(_kind(r) in ("max", "min") for r in reds)}

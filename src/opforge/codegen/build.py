@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import sympy
@@ -9,8 +10,17 @@ import sympy
 from opforge.codegen.emit import emit_module
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
-from opforge.codegen.symbolic import shape_env_of, shape_of
-from opforge.codegen.trace import TracedOp, trace_request
+from opforge.codegen.saved import SavedStats, add_outputs, forward_stats, read_instead
+from opforge.codegen.symbolic import (
+    exact_groups,
+    graph_shapes,
+    group_divisions,
+    pysrc,
+    renamed,
+    shape_env_of,
+    shape_of,
+)
+from opforge.codegen.trace import TracedOp, TraceError, trace_request
 from opforge.request import INDEX_DTYPES, Request
 
 
@@ -20,6 +30,7 @@ class Build:
     forward: KernelPlan | RowPlan | ChainPlan
     backward: KernelPlan | RowPlan | ChainPlan | None
     dims: dict  # shape symbol -> Python expression reading it from an input
+    saved: SavedStats | None = None  # per-row statistics the forward hands the backward (codegen/saved.py)
 
 
 def graph_dims(gm, names: list[str]) -> dict:
@@ -42,6 +53,7 @@ def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list
     except Unsupported:
         dims = graph_dims(gm, input_names)
         named = symbol_map(gm, req, products=True)
+        named.update(grad_symbols(gm, req, input_names, named))
         names = {s: named.get(s, str(s)) for s in dims}
         plan = plan_chain(name, gm, input_names, outputs, like, names)
         for k in kernels_of(plan):
@@ -55,8 +67,60 @@ def kernels_of(plan) -> list:
     return list(getattr(plan, "kernels", [plan]))
 
 
+MAX_BLOCK_C = 8192  # the generated impls' default chunk of a row (emit.PREAMBLE): a longer row is looped
+
+
+def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
+    """What one call of a pass launches on the device, as its launcher issues it by default (atomics, the
+    default MAX_BLOCK_C), under `subs` (graph size symbol -> size): kernels (a row kernel with column sums has
+    a second one that adds their partial rows) and memsets or fills (the zeroed ticket and accumulators of a
+    kernel whose programs meet, a max or min accumulator's identity, the zeroed partial rows of rows too long
+    for registers)."""
+    kernels = memsets = 0
+    for k in kernels_of(plan):
+        kernels += 1 + k.column_sums
+        if k.meets_at_ticket:
+            reds = getattr(k, "full_reductions", getattr(k, "reductions", []))
+            memsets += 1 + sum(r.kind in ("max", "min") for r in reds)
+        if k.column_sums:
+            memsets += _size(k, k.n_cols, subs) > max_block_c
+    return {"kernels": kernels, "memsets": memsets}
+
+
+def check_size_relations(req: Request, traced: TracedOp) -> None:
+    """Refuse a reference that ties sizes together in a way the request's shapes do not state (a scale of G
+    groups for a weight of M columns cut into groups of 64: M // 64 == G). The kernels read each symbol off
+    its own input, so such a relation would go unchecked and the op would cut the rows into other groups. The
+    trace's equalities, with the shapes' own relations ('G*64') substituted, must hold at sizes the request
+    allows: distinct multiples of every group size (a width a group size does not divide is refused by the
+    impl itself, `symbolic.divisibility_checks`)."""
+    symbols = {s: sympy.Symbol(s, integer=True, positive=True) for s in req.symbols}
+    for gm in (traced.forward, traced.joint):
+        env = shape_env_of(gm) if gm is not None else None
+        if env is None:
+            continue
+        names = symbol_map(gm, req, products=True)
+        step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
+        bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
+                    for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
+        for guard in env.guards:
+            if not isinstance(guard.expr, sympy.Eq):
+                continue
+            lhs, rhs = (renamed(side, names) for side in guard.expr.args)
+            if not lhs.free_symbols | rhs.free_symbols <= set(symbols.values()):
+                continue  # a size of no input (a gradient's), tied to the inputs' by the trace
+            for b in bindings:
+                if sympy.Eq(lhs.xreplace(b), rhs.xreplace(b)) is sympy.false:
+                    at = ", ".join(f"{k}={v}" for k, v in zip(symbols, b.values()))
+                    raise TraceError(f"{req.reference_file}:{req.reference_func}",
+                                     f"the reference needs {pysrc(lhs, {})} == {pysrc(rhs, {})}, a relation "
+                                     f"between sizes that the request's shapes do not state (it fails at {at}); "
+                                     "state it in the shapes, as a product such as 'G*64' for G groups of 64")
+
+
 def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
+    check_size_relations(req, traced)
     fwd = plan_pass(req, "forward", traced.forward, traced.input_names,
                     [(n, i) for i, n in enumerate(traced.output_names)], traced.output_like)
     bwd = None
@@ -66,7 +130,51 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
         like = {g: g[len("grad_"):] for g in grad_names}
         bwd = plan_pass(req, "backward", traced.joint, traced.input_names + [f"grad_{o}" for o in traced.output_names],
                         [(g, n_out + k) for k, g in enumerate(grad_names)], like)
-    return Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
+    build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
+    if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
+        _save_stats(req, build)
+    return build
+
+
+def _save_stats(req: Request, build: Build) -> None:
+    """Plan the pair again with the forward's per-row statistics handed to the backward, and keep that when it
+    moves fewer bytes at the request's first P0 shape (codegen/saved.py)."""
+    t, fwd, bwd = build.traced, build.forward, build.backward
+    stats = forward_stats(fwd, bwd, t.forward, t.joint, len(t.input_names))
+    if not stats:
+        return
+    names = [f"saved_{f.name}" for _, f in stats]
+    n_out = len(t.output_names)
+    try:
+        fwd2 = plan_pass(req, "forward", add_outputs(t.forward, [f for _, f in stats]), t.input_names,
+                         [(n, i) for i, n in enumerate(t.output_names + names)],
+                         {**t.output_like, **dict.fromkeys(names)})
+        grad_names = [f"grad_{g}" for g in t.grad_inputs]
+        bwd2 = plan_pass(req, "backward", read_instead(t.joint, [b for b, _ in stats], names),
+                         t.input_names + [f"grad_{o}" for o in t.output_names] + names,
+                         [(g, n_out + k) for k, g in enumerate(grad_names)], {g: g[len("grad_"):] for g in grad_names})
+    except Unsupported:
+        return
+    if not (isinstance(fwd2, RowPlan) and isinstance(bwd2, RowPlan)):
+        return
+    binding = req.p0[0]
+    subs = graph_binding(t.joint, req, binding)
+    n_rows, n_cols = (_size(bwd, e, subs) for e in (bwd.n_rows, bwd.n_cols))
+    eb = 4 if "float32" in req.dtypes[:1] else 2
+    per_walk = sum(n_rows * n_cols * eb for a in bwd.inputs if a.full)
+    looped = n_cols > MAX_BLOCK_C
+    gain = (bwd.walks - bwd2.walks) * per_walk * looped - 2 * 4 * n_rows * len(stats)
+    build.saved = SavedStats(names, [f for _, f in stats], [b for b, _ in stats], gain, (bwd.walks, bwd2.walks))
+    if gain > 0:
+        build.forward, build.backward = fwd2, bwd2
+
+
+def _size(plan: RowPlan, expr: str, subs: dict) -> int:
+    names = {v: sym for sym, v in plan.symbols.items() if isinstance(v, str)}
+    try:
+        return int(sympy.sympify(expr, locals=names).subs(subs))
+    except (TypeError, ValueError, sympy.SympifyError):
+        return 0
 
 
 def generate_impl(req: Request, build: Build) -> str:
@@ -76,6 +184,8 @@ def generate_impl(req: Request, build: Build) -> str:
                        grad_inputs=t.grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
                        attr_defaults=req.attr_defaults, fixed_attrs=fixed, dims=build.dims,
                        input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic,
+                       leading=t.leading,
+                       size_names=symbol_map(t.forward, req, products=True),
                        no_grad_inputs=tuple(s.name for s in req.inputs
                                             if not s.requires_grad and s.dtypes[0] not in INDEX_DTYPES))
 
@@ -95,6 +205,25 @@ def symbol_map(gm, req: Request, products: bool = False) -> dict:
                     f = f.strip()
                     expr = expr * (int(f) if f.isdigit() else sympy.Symbol(f, integer=True, positive=True))
                 out[e] = expr
+    return out
+
+
+def grad_symbols(gm, req: Request, input_names: list[str], named: dict) -> dict:
+    """In a joint graph, the size symbols an output's gradient was traced with -> that output's sizes in the
+    request's symbols (`named`): a gradient of shape [N, G, 64] gets a symbol of its own for the 64, which the
+    backward would otherwise read off the gradient and tie the weight's columns to (G*s31, not 64*G). Its
+    inputs follow the request's: grad_<output> in the outputs' order, the first outputs of the graph."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    results = list(gm.graph.find_nodes(op="output")[0].args[0])
+    out = {}
+    for k, (pname, node) in enumerate(zip(input_names[len(req.inputs):], placeholders[len(req.inputs):])):
+        if not pname.startswith("grad_") or k >= len(results) or not hasattr(results[k], "meta"):
+            break
+        for g, o in zip(shape_exprs(node.meta["val"]), shape_exprs(results[k].meta["val"])):
+            if isinstance(g, sympy.Symbol) and g not in named and g not in out:
+                size = exact_groups(renamed(o, named))
+                if {str(x) for x in size.free_symbols} <= set(req.symbols):
+                    out[g] = str(size) if size.is_Symbol else size
     return out
 
 

@@ -7,15 +7,16 @@ the `torch.library` operator with its fake and autograd registrations, and one f
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from opforge.codegen.across import finish, helpers, launch_setup, meet
-from opforge.codegen.emit_rows import emit_row_kernel, emit_row_launcher
+from opforge.codegen.emit_rows import COLUMN_SUMS, _size_sources, emit_row_kernel, emit_row_launcher
 from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.pretty import wrap_source
-from opforge.codegen.symbolic import pysrc
+from opforge.codegen.symbolic import atoms, divisibility_checks, pysrc
 
 PREAMBLE = '''\
 from __future__ import annotations
@@ -30,20 +31,27 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available() or bool(npu is not None and npu.is_available())
 
 
-if not _has_accelerator():  # no GPU: the kernels run in Triton's interpreter on the CPU
+# No GPU: this module's kernels run in Triton's interpreter on the CPU. Triton reads TRITON_INTERPRET when a
+# kernel is decorated (and when it is first imported, for its own helpers), so unless the caller chose, the
+# switch is set here and taken back at the end of this file: the rest of the process keeps the caller's choice.
+_INTERPRET_FOR_IMPORT = "TRITON_INTERPRET" not in os.environ and not _has_accelerator()
+if _INTERPRET_FOR_IMPORT:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Elements per program. The interpreter runs programs one after another, so it wants few large blocks.
-BLOCK = 32768 if INTERPRET else {block}
+INTERPRET = bool(triton.knobs.runtime.interpret)  # what @triton.jit below sees
+if _INTERPRET_FOR_IMPORT:  # Triton imports its Gluon modules at a first launch, and they read the switch too
+    triton.runtime.jit.mangle_type(0)
+# Elements per program. The GPU's values in the interpreter too, so that what is tested is what ships; a test
+# harness may set larger blocks there for speed (the interpreter runs programs one after another).
+BLOCK = {block}
 RBLOCK = 1024  # partial results summed per step when a reduction is finished in order
 {ordered_knob}# Row kernels: a program owns BLOCK_R rows and walks them in chunks of at most MAX_BLOCK_C columns; a row
 # that fits one chunk stays in registers (persistent), a longer one is walked once per phase (looped).
 MAX_BLOCK_C = int(os.environ.get("OPFORGE_MAX_BLOCK_C", 8192))
-TILE = int(os.environ.get("OPFORGE_TILE", 65536 if INTERPRET else 4096))  # elements per program and chunk
+TILE = int(os.environ.get("OPFORGE_TILE", 4096))  # elements per program and chunk
 NUM_WARPS = {num_warps}
 # No FMA contraction: a*b+c must round twice, as PyTorch does, for outputs to match it bit for bit.
 _LAUNCH = {{}} if INTERPRET else {{"num_warps": NUM_WARPS, "enable_fp_fusion": False}}
@@ -176,6 +184,7 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     for a in plan.inputs:
         want = "n_elements" if a.full else "1"
         b(f"    _expect_numel({a.name!r}, {a.name}, {want})")
+    out += divisibility_checks([d for o in plan.outputs for d in o.shape], dims)
     dev = f"{ref}.device"
     for o in plan.outputs:
         dtype = f"{o.like}.dtype" if o.like else "torch.float32"
@@ -228,6 +237,13 @@ def _chain_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: 
     return "\n\n".join(parts)
 
 
+INTERPRETER_OFF = """
+
+# Every kernel above is decorated: the interpreter switch set at the top of this file is the caller's again.
+if _INTERPRET_FOR_IMPORT:
+    del os.environ["TRITON_INTERPRET"]
+"""
+
 # Only impls that reduce across programs get the knob (the tuner searches what the module has).
 ORDERED_KNOB = """\
 # Results reduced across programs: atomics, or one partial per program summed in order. deterministic=True
@@ -239,6 +255,101 @@ MAX_PROGRAMS = 2048
 """
 
 
+# Inputs that may have leading dimensions are viewed as rows before the op, its row outputs given them back.
+ROWS_VIEW = '''
+
+def _rows_view(t: torch.Tensor, rank: int) -> tuple[torch.Tensor, tuple | None]:
+    """t with its leading dimensions viewed as one row dimension (the request declares `rank` dimensions), and
+    those dimensions; a tensor of the declared rank passes unchanged."""
+    if t.dim() <= rank:
+        return t, None
+    return t.reshape(-1, *t.shape[t.dim() - rank + 1:]), tuple(t.shape[:t.dim() - rank + 1])
+'''
+
+
+def _rows_in(leading: dict | None) -> str:
+    if not leading:
+        return ""
+    names = list(leading["inputs"])
+    if len(names) == 1:
+        return f"    {names[0]}, lead = _rows_view({names[0]}, {leading['inputs'][names[0]]})\n"
+    out = "".join(f"    {n}, {n}_lead = _rows_view({n}, {r})\n" for n, r in leading["inputs"].items())
+    out += f"    lead = {names[0]}_lead\n"
+    if len(names) > 1:
+        same = " or ".join(f"{n}_lead != lead" for n in names[1:])
+        out += (f"    if {same}:\n        raise ValueError(\"{', '.join(names)}: leading dimensions differ: \"\n"
+                f"                         f\"{'; '.join(f'{{{n}_lead}}' for n in names)}\")\n")
+    return out
+
+
+def _inputs_doc(leading: dict | None, input_shapes: dict) -> str:
+    text = f"Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}."
+    if leading:
+        names = list(leading["inputs"])
+        rows = input_shapes[names[0]][0]
+        text += (f" {', '.join(names)} may have more leading dimensions than {rows!r}: together they are the "
+                 f"{rows} rows, and the row outputs have them too.")
+    text += (" Float attributes are run-time arguments. deterministic=True makes reductions bit-reproducible "
+             "run to run (ordered partials).")
+    return textwrap.fill(text, 112, subsequent_indent="    ", break_on_hyphens=False)
+
+
+def _save_context(n_in: int, n_out: int, saved: list[str]) -> str:
+    if not saved:
+        return f"    ctx.save_for_backward(*inputs[:{n_in}])\n"
+    return (f"    ctx.save_for_backward(*inputs[:{n_in}], *output[{n_out}:])  # and the per-row statistics\n"
+            f"    ctx.mark_non_differentiable(*output[{n_out}:])\n")
+
+
+def _backward_args(n_in: int, grad_names: list[str], saved: list[str]) -> str:
+    if not saved:
+        return f"*ctx.saved_tensors, {', '.join(grad_names)}"
+    return f"*ctx.saved_tensors[:{n_in}], {', '.join(grad_names)}, *ctx.saved_tensors[{n_in}:]"
+
+
+def _user_outputs(n_out: int, saved: list[str]) -> str:
+    if not saved:
+        return ""
+    pick = "outs[0]" if n_out == 1 else f"outs[:{n_out}]"
+    return f"    outs = {pick}  # the statistics stay with autograd\n"
+
+
+def _rows_out(leading: dict | None, n_out: int) -> str:
+    if not leading:
+        return "    return outs\n"
+    outs = ["outs"] if n_out == 1 else [f"outs[{i}]" for i in range(n_out)]
+    shaped = [f"{o}.reshape(*lead, *{o}.shape[1:])" if rows else o for o, rows in zip(outs, leading["outputs"])]
+    if n_out == 1:
+        return f"    return outs if lead is None else {shaped[0]}\n"
+    return f"    return outs if lead is None else ({', '.join(shaped)})\n"
+
+
+def _fake_outputs(outputs, size_names: dict, dims: dict, ref: str) -> tuple[list[str], list[str]]:
+    """The fake's output tensors, their shapes in the request's size symbols read off the inputs as the launchers
+    read them (a 'G*64' dimension is 64*G, never weight.shape[1] divided by an expression of itself), and the
+    lines before them: those reads, and the checks that make the fake refuse what the op refuses."""
+    named = {s: v for s, v in size_names.items() if s in dims}
+    reads = _size_sources(named, dims)
+    # a symbol whose names cannot all be read off an input stays that input's dimension
+    names = {**dims, **{s: v for s, v in named.items() if all(a in reads for a in atoms({s: v}))}}
+    outs = []
+    for o in outputs:
+        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        outs.append(f"torch.empty({_py_shape(o.shape, names)}, dtype={dtype}, device={ref}.device)")
+    checks = divisibility_checks([d for o in outputs for d in o.shape], names)
+    text = "\n".join(outs + checks)
+    lines = []
+    for name, src in reads.items():
+        if not re.search(rf"\b{name}\b", text):
+            continue
+        lines.append(f"    {name} = {src}")
+        if " // " in src:  # the launchers' _expect_shape refuses a width that is not a multiple
+            dim, div = src.split(" // ")
+            lines += [f"    if {dim} % {div}:",
+                      f'        raise ValueError(f"{dim}: expected a multiple of {div}, got {{{dim}}}")']
+    return outs, lines + checks
+
+
 def _kernel_count(plan) -> str:
     n = len(plan.kernels) if hasattr(plan, "kernels") else 1
     return "one kernel" if n == 1 else f"{n} kernels"
@@ -248,8 +359,10 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
                 grad_inputs: list[str], output_names: list[str], runtime_attrs: list[str],
                 attr_defaults: dict, fixed_attrs: dict, dims: dict, input_shapes: dict,
                 no_grad_inputs: tuple[str, ...] = (), deterministic: bool = False, block: int = 1024,
-                num_warps: int = 4) -> str:
+                num_warps: int = 4, leading: dict | None = None, size_names: dict | None = None) -> str:
     """The whole impl module. `dims` maps shape symbols to Python expressions like 'weight.shape[0]'.
+    `leading` (trace.leading_dimensions): inputs that may have leading dimensions, viewed as the rows.
+    `size_names` (build.symbol_map): shape symbols -> the request's size symbols, for the fake's shapes.
     `no_grad_inputs` are the floating inputs the request built without a gradient: the op refuses one that
     requires grad, which autograd would otherwise hand back a None for."""
     parts = [f'"""{op}: fused Triton kernels, launch wrappers and the torch.library operator.\n\n'
@@ -258,9 +371,12 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
              f"Kernel layout: {getattr(fwd, 'layout', 'flat')} (see the kernels' docstrings).\n"
              f"Generated by opforge's deterministic engine; it imports no golden.\n"
              '"""\n']
-    ordered = any(p.reduces_across_programs for p in (fwd, bwd) if p is not None)
+    plans = [p for p in (fwd, bwd) if p is not None]
+    ordered = any(p.meets_at_ticket for p in plans)
     parts.append(PREAMBLE.format(block=block, num_warps=num_warps, ordered_knob=ORDERED_KNOB if ordered else ""))
     parts.append(helpers(set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else []), ordered))
+    parts.append(COLUMN_SUMS if any(p.column_sums for p in plans) else "")
+    parts.append(ROWS_VIEW if leading else "")
     parts.append('''
 
 def _expect_numel(name: str, t: torch.Tensor, n: int) -> None:
@@ -291,57 +407,56 @@ def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
     tensor_sig = ", ".join(f"{t}: torch.Tensor" for t in inputs)
     grad_names = [f"grad_{o}" for o in output_names]
 
+    # the forward's outputs after the user's are per-row statistics kept for the backward (codegen/saved.py)
+    saved_names = [o.name for o in fwd.outputs[len(output_names):]]
     # launchers take every runtime attribute so that the op's signature is the same for both passes
     parts.append("\n" + _launcher_source(op, fwd, dims, f"{op}_forward", inputs, runtime_attrs) + "\n")
     if bwd:
-        parts.append("\n" + _launcher_source(op, bwd, dims, f"{op}_backward", inputs + grad_names,
+        parts.append("\n" + _launcher_source(op, bwd, dims, f"{op}_backward", inputs + grad_names + saved_names,
                                               runtime_attrs) + "\n")
 
     n_out = len(output_names)
-    ret_t = "torch.Tensor" if n_out == 1 else f"tuple[{', '.join(['torch.Tensor'] * n_out)}]"
+    n_all = n_out + len(saved_names)
+    ret_t = "torch.Tensor" if n_all == 1 else f"tuple[{', '.join(['torch.Tensor'] * n_all)}]"
     ref = inputs[0]
-    fake_outs = []
-    for o in fwd.outputs:
-        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
-        fake_outs.append(f"torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={ref}.device)")
-    fake_ret = fake_outs[0] if n_out == 1 else "(" + ", ".join(fake_outs) + ")"
+    fake_outs, fake_sizes = _fake_outputs(fwd.outputs, size_names or {}, dims, ref)
+    fake_ret = fake_outs[0] if n_all == 1 else "(" + ", ".join(fake_outs) + ")"
     call_attrs = "".join(f", {a}" for a in runtime_attrs)
     parts.append(f'''
 
 @torch.library.custom_op("opforge::{op}", mutates_args=())
 def _{op}_op({tensor_sig}{', ' + attr_sig if attr_sig else ''}, deterministic: bool) -> {ret_t}:
     outs = {op}_forward({', '.join(inputs)}{call_attrs}, deterministic=deterministic)
-    return {'outs[0]' if n_out == 1 else 'outs'}
+    return {'outs[0]' if n_all == 1 else 'outs'}
 
 
 @_{op}_op.register_fake
 def _({', '.join(inputs)}{call_attrs}, deterministic):
-    return {fake_ret}
+{''.join(line + chr(10) for line in fake_sizes)}    return {fake_ret}
 ''')
     if bwd:
         g_ret = "tuple[" + ", ".join(["torch.Tensor"] * len(grad_inputs)) + "]"
-        g_sig = ", ".join(f"{g}: torch.Tensor" for g in grad_names)
+        g_sig = ", ".join(f"{g}: torch.Tensor" for g in grad_names + saved_names)
         fake_g = ", ".join(f"torch.empty_like({g})" for g in grad_inputs)
         parts.append(f'''
 
 @torch.library.custom_op("opforge::{op}_backward", mutates_args=())
 def _{op}_backward_op({tensor_sig}, {g_sig}{', ' + attr_sig if attr_sig else ''}, deterministic: bool) -> {g_ret}:
-    return tuple({op}_backward({', '.join(inputs + grad_names)}{call_attrs}, deterministic=deterministic))
+    return tuple({op}_backward({', '.join(inputs + grad_names + saved_names)}{call_attrs}, deterministic=deterministic))
 
 
 @_{op}_backward_op.register_fake
-def _({', '.join(inputs + grad_names)}{call_attrs}, deterministic):
+def _({', '.join(inputs + grad_names + saved_names)}{call_attrs}, deterministic):
     return ({fake_g},)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:{len(inputs)}])
-    ctx.attrs = inputs[{len(inputs)}:{len(inputs) + len(runtime_attrs)}]
+{_save_context(len(inputs), n_out, saved_names)}    ctx.attrs = inputs[{len(inputs)}:{len(inputs) + len(runtime_attrs)}]
     ctx.deterministic = inputs[-1]
 
 
-def _backward(ctx, {', '.join(grad_names)}):
-    grads = iter(_{op}_backward_op(*ctx.saved_tensors, {', '.join(grad_names)}, *ctx.attrs,
+def _backward(ctx, {', '.join(grad_names)}{', *_' if saved_names else ''}):
+    grads = iter(_{op}_backward_op({_backward_args(len(inputs), grad_names, saved_names)}, *ctx.attrs,
                                    ctx.deterministic))
     wanted = {tuple(grad_inputs)!r}
     names = {tuple(inputs)!r}
@@ -361,15 +476,17 @@ _{op}_op.register_autograd(_backward, setup_context=_setup_context)
         f'        raise ValueError("{n}: this operator was built without a gradient for {n} (requires_grad: "\n'
         f'                         "false in its request); pass {n}.detach() or rebuild with requires_grad: true")\n'
         for n in no_grad_inputs) if bwd else ""
+    call = f"{'outs = ' if leading or saved_names else 'return '}_{op}_op"
+    float_attrs = "".join(f", float({a})" for a in runtime_attrs)
     parts.append(f'''
 
 def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = {deterministic!r}):
     """{textwrap.fill(description + '.', 112, subsequent_indent='    ')}
 
-    Inputs: {', '.join(f'{k} {v}' for k, v in input_shapes.items())}. Float attributes are run-time
-    arguments. deterministic=True makes reductions bit-reproducible run to run (ordered partials).
+    {_inputs_doc(leading, input_shapes)}
     """
-{fixed_check}{grad_check}    return _{op}_op({', '.join(inputs)}{''.join(f', float({a})' for a in runtime_attrs)},
+{fixed_check}{grad_check}{_rows_in(leading)}    {call}({', '.join(inputs)}{float_attrs},
         {' ' * len(op)}bool(deterministic))
-''')
+{_user_outputs(n_out, saved_names)}{_rows_out(leading, n_out) if leading or saved_names else ''}''')
+    parts.append(INTERPRETER_OFF)
     return wrap_source("".join(parts))

@@ -6,6 +6,8 @@ before the column loop that needs them, tiles inside it, post-reduction values i
 
 from __future__ import annotations
 
+import re
+
 import sympy
 import torch
 
@@ -21,11 +23,37 @@ from opforge.codegen.ops import (
     ieee_nodes,
     op_name,
     reduce_combine,
+    upstream,
 )
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import _literal
 from opforge.codegen.rows import RowPlan
-from opforge.codegen.symbolic import SYM_OPS, atoms, product, pysrc, shape_env_of, shape_of, tidy
+from opforge.codegen.symbolic import (
+    SYM_OPS,
+    atoms,
+    divisibility_checks,
+    graph_shapes,
+    product,
+    pysrc,
+    shape_env_of,
+    shape_of,
+    tidy,
+)
+
+# The host side of column sums, once per module that has them.
+COLUMN_SUMS = '''
+
+# Column sums: the row kernel runs about one program per SM (multiprocessor, AI core), each storing one float32
+# row of partials; a second kernel adds the rows, COLUMN_BLOCK columns per program, PARTIAL_ROWS rows a step.
+COLUMN_BLOCK = 64
+PARTIAL_ROWS = 32
+
+
+def _num_sms(device: torch.device) -> int:
+    props = getattr(getattr(torch, device.type, None), "get_device_properties", None)
+    n = getattr(props(device), "multi_processor_count", 0) if props else 0
+    return n or 4  # nothing to count (the interpreter on a CPU): a few programs, so that they still meet
+'''
 
 _KWARGS_DROPPED = ("pin_memory", "layout", "device", "memory_format")
 
@@ -66,6 +94,9 @@ class _Emitter:
                     return f"({pysrc(product(shape_of(a.args[0], self.env)), self.p.symbols)})"
                 if op_name(t) in ("torch.sym_float", "torch.sym_int"):
                     return self.sym(a.args[0])
+                val = a.meta.get("val")
+                if isinstance(val, torch.SymInt):  # torch's simplified value: numel // size is a size, not a division
+                    return f"({pysrc(val.node.expr, self.p.symbols)})"
                 return f"({self.sym(a.args[0])} {SYM_OPS[t]} {self.sym(a.args[1])})"
             raise KeyError(a)
         if isinstance(a, (torch.SymInt, torch.SymFloat)):
@@ -314,12 +345,9 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
         if persistent:  # the whole row is one chunk: the program's row blocks add up in registers
             body.add(f"{r.name}_run += {r.name}_part")
             continue
-        body.add("if DETERMINISTIC:  # the program's own slot, added to by each of its row blocks in turn")
-        body.add(f"    slot = colpart_ptr + {_colpart('pid.to(tl.int64)', n_col, r.slot)} + cols")
-        body.add(f"    tl.store(slot, tl.load(slot, mask=cols < n_cols, other=0.0) + {r.name}_part, "
-                 "mask=cols < n_cols)")
-        body.add("else:")
-        body.add(f"    tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_part, mask=cols < n_cols)")
+        # the program's own row of partials (zeroed at launch), added to by each of its row blocks in turn
+        body.add(f"slot = colpart_ptr + {_colpart('pid.to(tl.int64)', n_col, r.slot)} + cols")
+        body.add(f"tl.store(slot, tl.load(slot, mask=cols < n_cols, other=0.0) + {r.name}_part, mask=cols < n_cols)")
     for r in plan.full_reductions:
         si = plan.info[r.source]
         kind = "sum" if r.kind == "mean" else r.kind
@@ -350,32 +378,46 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
 
 
 def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, pad: str) -> None:
-    """sum(exp(a - m)) in the walk that finds m = max(a): each column's running sum is rescaled by
-    exp(old max - new max) as its max grows, and the columns meet at the row's max after the walk. A column
-    that has seen nothing (max still -inf) adds nothing; NaN and +inf propagate as in the two-walk form."""
-    m = r.online
-    v, mask, ninf = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), "-float('inf')"
-    inits.append(f"{pad}{r.name}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
-    body.add(f"{r.name}_rescale = tl.where({m.name}_acc == {ninf}, 1.0, tl.exp({m.name}_prev - {m.name}_acc))")
-    body.add(f"{r.name}_acc = {r.name}_acc * {r.name}_rescale + tl.where({mask} & ({m.name}_acc != {ninf}), "
-             f"tl.exp({v} - {m.name}_acc), 0.0)")
-    after.append(f"{pad}{r.name} = tl.sum(tl.where({m.name}_acc == {ninf}, 0.0, {r.name}_acc * tl.exp({m.name}_acc - "
-                 f"{m.name})), axis=1)[:, None]  # {op_name(r.node.target)}: online, with {m.name}")
+    """sum(exp(a - c)) in the walk that finds m = max(a), c following from m per row (m itself in softmax):
+    each column's running sum is rescaled by exp(old max - new max) as its max grows; after the walk c is
+    computed and the columns meet as sum(acc * exp(column max - c)). Where m or c is not finite the row
+    takes the two-walk form's value outright: exp(inf - inf) and exp(-inf + inf) are NaN, exp(inf - c) inf."""
+    m, n, inf, nan = r.online, r.name, "float('inf')", "float('nan')"
+    v, mask, mx = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), f"{m.name}_acc"
+    inits.append(f"{pad}{n}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
+    body.add(f"{n}_rescale = tl.where({mx} == -{inf}, 1.0, tl.exp({m.name}_prev - {mx}))")
+    body.add(f"{n}_acc = {n}_acc * {n}_rescale + tl.where({mask} & ({mx} != -{inf}), tl.exp({v} - {mx}), 0.0)")
+    shift = _Block(len(pad) // 4, False)  # c after the walk, from the finished max
+    c = e.ev(r.shift, "0", shift)
+    c = c if c.isidentifier() else f"({c})"
+    after += shift.lines
+    after.append(f"{pad}{n} = tl.sum(tl.where(({mx} > -{inf}) & ({mx} < {inf}), {n}_acc * tl.exp({mx} - {c}), "
+                 f"0.0), axis=1)[:, None]  # {op_name(r.node.target)}: online, with {m.name}")
+    if c == m.name:  # c = m: a row whose max is not finite sums some exp(inf - inf) or exp(-inf + inf)
+        after.append(f"{pad}{n} = tl.where(({m.name} > -{inf}) & ({m.name} < {inf}), {n}, {nan})")
+    else:  # c = -inf sums NaN for each -inf element, inf for the others: whether the row has one is kept
+        inits.append(f"{pad}{n}_ninf = tl.zeros((BLOCK_R, BLOCK_C), tl.int32)")
+        body.add(f"{n}_ninf = tl.where({mask} & ({v} == -{inf}), 1, {n}_ninf)")
+        # otherwise m = +inf gives inf, and c = +inf or -inf leaves the finite columns summing 0 or inf
+        after.append(f"{pad}{n} = tl.where(({m.name} != {m.name}) | ({c} != {c}) | (({c} == {inf}) & ({m.name} == "
+                     f"{inf})) | (({c} == -{inf}) & (tl.max({n}_ninf, axis=1)[:, None] > 0)), {nan}, "
+                     f"tl.where({m.name} == {inf}, {inf}, {n}))")
     e.rowvals[r.node] = r.name
 
 
 def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
-    cross = plan.reduces_across_programs
-    params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs]
+    cross, full, n_col = plan.reduces_across_programs, plan.full_reductions, len(plan.col_reductions)
+    params = [f"{a.name}_ptr" for a in plan.inputs] + [f"{o.name}_ptr" for o in plan.outputs if o.store != "col"]
     params += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
-    if cross:
-        params += ["acc_ptr", "partials_ptr", "colacc_ptr", "colpart_ptr", "ticket_ptr"]
+    params += ["colpart_ptr"] if n_col else []
+    params += ["acc_ptr", "partials_ptr", "ticket_ptr"] if full else []
     params += atoms(plan.symbols) + plan.attrs
     params += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "PERSISTENT: tl.constexpr"]
-    if cross:
+    if full:
         params += ["RBLOCK: tl.constexpr", "DETERMINISTIC: tl.constexpr"]
     reads = ", ".join(a.name for a in plan.inputs)
-    writes = ", ".join(o.name for o in plan.outputs)
+    writes = ", ".join(o.name for o in plan.outputs if o.store != "col")
+    writes += f"{', ' if writes else ''}partial column sums" if n_col else ""
     lines = ["@triton.jit", f"def {kname}(", *[f"    {p}," for p in params], "):",
              f'    """{plan.name}: reads {reads}; writes {writes}.',
              "",
@@ -393,11 +435,11 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
         _, looped = _section(plan, False, 2)
         lines += ["    if PERSISTENT:", *_flatten(persistent), "    else:", *_flatten(looped)]
         return "\n".join(lines) + "\n"
-    # At most MAX_PROGRAMS programs, each walking row blocks pid, pid + num_programs, ...: what is reduced
-    # across programs is combined in registers first, so atomics or partials scale with the grid, not the rows.
+    # Fewer programs than row blocks, each walking row blocks pid, pid + num_programs, ...: what is reduced
+    # across programs is combined in registers first, so partials scale with the grid, not the rows.
     lines += ["    # this program's results reduced across its row blocks"]
     lines += [f"    {r.name}_run = tl.zeros((1, BLOCK_C), tl.float32)" for r in plan.col_reductions]
-    lines += [f"    {r.name}_run = {_IDENTITY[r.kind]}" for r in plan.full_reductions]
+    lines += [f"    {r.name}_run = {_IDENTITY[r.kind]}" for r in full]
     lines += ["    for rb in range(pid, tl.cdiv(n_rows, BLOCK_R), tl.num_programs(0)):",
               "        # BLOCK_R rows, int64 so that row * n_cols cannot wrap past 2**31 elements",
               "        rows = (rb * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]",
@@ -405,20 +447,69 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     _, persistent = _section(plan, True, 3)
     _, looped = _section(plan, False, 3)
     lines += ["        if PERSISTENT:", *_flatten(persistent), "        else:", *_flatten(looped)]
-    n_col = len(plan.col_reductions)
     if n_col:
-        lines += ["    if PERSISTENT:  # looped rows added their column partials chunk by chunk",
+        lines += ["    if PERSISTENT:  # looped rows stored their partials chunk by chunk",
                   "        cols = tl.arange(0, BLOCK_C)[None, :]"]
-        for r in plan.col_reductions:
-            lines += ["        if DETERMINISTIC:",
-                      f"            tl.store(colpart_ptr + {_colpart('pid.to(tl.int64)', n_col, r.slot)} + cols, "
-                      f"{r.name}_run, mask=cols < n_cols)",
-                      "        else:",
-                      f"            tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, {r.name}_run, "
-                      "mask=cols < n_cols)"]
-    lines += [f"    {r.name}_part = {r.name}_run" for r in plan.full_reductions]
-    lines += _cross_program(plan)
-    return "\n".join(lines) + "\n"
+        lines += [f"        tl.store(colpart_ptr + {_colpart('pid.to(tl.int64)', n_col, r.slot)} + cols, "
+                  f"{r.name}_run, mask=cols < n_cols)" for r in plan.col_reductions]
+    if full:
+        lines += [f"    {r.name}_part = {r.name}_run" for r in full]
+        lines += _cross_program(plan)
+    src = "\n".join(lines) + "\n"
+    return src + ("\n\n" + _column_kernel(plan, kname)[0] if n_col else "")
+
+
+def column_kernel_name(kname: str) -> str:
+    return f"{kname.removesuffix('_kernel')}_column_sums"
+
+
+def _column_kernel(plan: RowPlan, kname: str) -> tuple[str, list[str]]:
+    """The second kernel of a plan with column reductions: each program owns COLUMN_BLOCK columns and adds the
+    row kernel's programs' partial rows in program order (the same bits every run, no atomics), then computes
+    and stores the column outputs. Returns its source and its launcher's arguments."""
+    col = plan.col_reductions
+    full = {r.node for r in plan.full_reductions}
+    col_outs = [(o, n) for o, n in zip(plan.outputs, plan.out_nodes) if o.store == "col"]
+    if full & upstream(n for _, n in col_outs):
+        raise NotImplementedError(f"{plan.name}: a column output that depends on a full reduction")
+    e = _Emitter(plan)
+    e.head = e.pre = head = _Block(1, False)
+    body = _Block(1, True)
+    # BLOCK_P partial rows a step, each column's sum then finished by one tl.sum: a fixed order, so the same
+    # bits every run, and few dependent steps (one row a step would make ~one load per SM a step)
+    for r in col:
+        body.add(f"{r.name}_acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)")
+    body.add("for p0 in range(0, n_parts, BLOCK_P):")
+    body.add("    parts = (p0 + tl.arange(0, BLOCK_P)).to(tl.int64)[:, None]  # int64: parts * n_cols may pass 2**31")
+    body.add("    pmask = (parts < n_parts) & (cols < n_cols)")
+    for r in col:
+        body.add(f"    {r.name}_acc += tl.load(colpart_ptr + {_colpart('parts', len(col), r.slot)} + cols, "
+                 "mask=pmask, other=0.0)")
+    for r in col:
+        body.add(f"{r.name} = tl.sum({r.name}_acc, axis=0)[None, :]")
+    for r in col:
+        if r.kind == "mean":
+            body.add(f"{r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)")
+        body.cache[(r.node, "0")] = r.name
+    for o, node in col_outs:
+        v = e.ev(node, "0", body)
+        val = v if plan.info[node].dc else f"{v} + tl.zeros((1, BLOCK_C), tl.float32)"
+        body.add(f"tl.store({o.name}_ptr + cols, _to_dtype({val}, {o.name}_ptr.dtype.element_ty), "
+                 "mask=cols < n_cols)")
+    text = "\n".join(head.lines + body.lines)
+    params = ["colpart_ptr"] + [f"{o.name}_ptr" for o, _ in col_outs]
+    params += [f"{a.name}_ptr" for a in plan.inputs if re.search(rf"\b{a.name}_ptr\b", text)]
+    params += ["n_parts"] + [s for s in atoms(plan.symbols) + plan.attrs
+                             if re.search(rf"\b{s}\b", text + " " + str(plan.n_cols))]
+    outs = ", ".join(o.name for o, _ in col_outs)
+    src = "\n".join(["@triton.jit", f"def {column_kernel_name(kname)}(", *[f"    {p}," for p in params],
+                      "    BLOCK_P: tl.constexpr,", "    BLOCK_C: tl.constexpr,", "):",
+                      f'    """{plan.name}: {outs}, summed over the partial rows of the row kernel\'s n_parts '
+                      'programs."""',
+                      f"    n_cols = {plan.n_cols}",
+                      "    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
+                      *head.lines, *body.lines]) + "\n"
+    return src, [p.removesuffix("_ptr") for p in params]
 
 
 def _colpart(index: str, n: int, slot: int) -> str:
@@ -435,13 +526,12 @@ def _flatten(blocks) -> list[str]:
 
 
 def _cross_program(plan: RowPlan) -> list[str]:
-    """The last program finishes column and full reductions and computes what depends on them."""
-    full, col = plan.full_reductions, plan.col_reductions
+    """The last program finishes the full reductions and computes what depends on them."""
+    full = plan.full_reductions
     e = _Emitter(plan)
     epi = _Block(2, False)
     e.head = e.pre = epi  # scalars are recomputed here: they may not have been needed before
-    n_full = max(1, len(full))
-    out = meet(full, n_full, "    ") + finish(full, n_full, "        ", lambda r: f"({r.count}) * 1.0")
+    out = meet(full, len(full), "    ") + finish(full, len(full), "        ", lambda r: f"({r.count}) * 1.0")
     for r in full:
         e.rowvals[r.node] = r.name
     stores = []
@@ -449,30 +539,7 @@ def _cross_program(plan: RowPlan) -> list[str]:
         if o.store == "scalar" and o.in_epilogue:
             v = e.ev(node, "0", epi)
             stores.append(f"        tl.store({o.name}_ptr, _to_dtype({v}, {o.name}_ptr.dtype.element_ty))")
-    out += epi.lines + stores
-    col_outs = [(o, n) for o, n in zip(plan.outputs, plan.out_nodes) if o.store == "col"]
-    if col_outs:
-        body = _Block(3, True)
-        for r in col:
-            body.add(f"{r.name} = tl.zeros((1, BLOCK_C), tl.float32)")
-            body.add("if DETERMINISTIC:")
-            body.add("    # in program order, the same bits every run; int64: p * n_cols may pass 2**31")
-            body.add("    for p in range(0, tl.num_programs(0).to(tl.int64)):")
-            body.add(f"        {r.name} += tl.load(colpart_ptr + {_colpart('p', len(col), r.slot)} + cols, "
-                     "mask=cols < n_cols, other=0.0)")
-            body.add("else:")
-            body.add(f"    {r.name} = tl.atomic_add(colacc_ptr + {r.slot} * n_cols + cols, "
-                     f"tl.zeros((1, BLOCK_C), tl.float32), mask=cols < n_cols)  # atomic read")
-            if r.kind == "mean":
-                body.add(f"{r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)")
-            body.cache[(r.node, "0")] = r.name
-        for o, node in col_outs:
-            v = e.ev(node, "0", body)
-            body.add(f"tl.store({o.name}_ptr + cols, _to_dtype({v} + tl.zeros((1, BLOCK_C), tl.float32), "
-                     f"{o.name}_ptr.dtype.element_ty), mask=cols < n_cols)")
-        out += ["        for c0 in range(0, n_cols, BLOCK_C):",
-                "            cols = c0 + tl.arange(0, BLOCK_C)[None, :]"] + body.lines
-    return out
+    return out + epi.lines + stores
 
 
 def _size_sources(names: dict, dims: dict) -> dict:
@@ -510,6 +577,7 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
         b(f"    {name} = {src}")
     for a in plan.inputs:
         b(f"    _expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
+    out += divisibility_checks(graph_shapes(plan.gm), names)
     ref = used[0]
     dev = f"{ref}.device"
     for o in plan.outputs:
@@ -519,20 +587,31 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b(f"    n_rows, n_cols = {plan.n_rows}, {plan.n_cols}")
     b("    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK_C)")
     b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
-    cross = plan.reduces_across_programs
-    out += launch_setup("triton.cdiv(n_rows, BLOCK_R)", plan.full_reductions if cross else None, dev)
-    args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
+    full, n_col = plan.full_reductions, len(plan.col_reductions)
+    blocks = "triton.cdiv(n_rows, BLOCK_R)"
+    if n_col:  # about one program per SM, each writing one row of partials per column reduction
+        b(f"    grid = (max(1, min({blocks}, _num_sms({dev}))),)")
+        rows_of_parts = f"grid[0] * {n_col}" if n_col > 1 else "grid[0]"
+        b("    # persistent rows store their partial rows once; looped ones add to them chunk by chunk, from zero")
+        b(f"    colpart = (torch.empty if BLOCK_C >= n_cols else torch.zeros)({rows_of_parts} * n_cols, "
+          f"dtype=torch.float32, device={dev})")
+        out += launch_setup(blocks, full, dev)[1:] if full else []
+    else:
+        out += launch_setup(blocks, full or None, dev)
+    args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs if o.store != "col"]
     args += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
-    extra = ""
-    if cross:
-        n_col = len(plan.col_reductions)
-        b(f"    colacc = torch.zeros(max(1, {n_col} * n_cols), dtype=torch.float32, device={dev})")
-        b(f"    colpart = torch.zeros(grid[0] * {n_col} * n_cols if ordered else 1, dtype=torch.float32, "
-          f"device={dev})")
-        args += ["acc", "partials", "colacc", "colpart", "ticket"]  # the kernel's parameter order
-        extra = ", RBLOCK=RBLOCK, DETERMINISTIC=ordered"
+    args += ["colpart"] if n_col else []
+    args += ["acc", "partials", "ticket"] if full else []  # the kernel's parameter order
     args += atoms(names) + plan.attrs
+    extra = ", RBLOCK=RBLOCK, DETERMINISTIC=ordered" if full else ""
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
       "**_row_launch(BLOCK_R * BLOCK_C))")
+    if n_col:
+        args = _column_kernel(plan, kname)[1]
+        b("    # the column sums: the partial rows of the programs that had rows, added in program order")
+        b(f"    n_parts = min(grid[0], {blocks})")
+        b("    col_grid = (max(1, triton.cdiv(n_cols, COLUMN_BLOCK)),)")
+        b(f"    {column_kernel_name(kname)}[col_grid]({', '.join(args)}, BLOCK_P=PARTIAL_ROWS, "
+          "BLOCK_C=COLUMN_BLOCK, **_LAUNCH)")
     b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")
     return "\n".join(out) + "\n"

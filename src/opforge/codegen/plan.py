@@ -98,6 +98,12 @@ class KernelPlan:
     def reduces_across_programs(self) -> bool:
         return bool(self.reductions)
 
+    @property
+    def meets_at_ticket(self) -> bool:
+        return bool(self.reductions)
+
+    column_sums = False
+
 
 def _numel(val) -> sympy.Expr:
     n = sympy.Integer(1)

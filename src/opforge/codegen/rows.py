@@ -89,7 +89,8 @@ class RowReduction:
     source: torch.fx.Node
     count: str  # elements reduced per result, for mean
     slot: int = 0  # index among the kernel's col or full reductions
-    online: RowReduction | None = None  # sum(exp(a - max a)): the max it rides with in one walk (online softmax)
+    online: RowReduction | None = None  # sum(exp(a - c)), c from max a: the max it rides with in one walk
+    shift: torch.fx.Node | None = None  # with `online`: the c subtracted (the max itself in softmax)
 
     @property
     def name(self) -> str:
@@ -124,6 +125,16 @@ class RowPlan:
     def reduces_across_programs(self) -> bool:
         """Column or full reductions: programs meet through atomics or partials."""
         return bool(self.full_reductions or self.col_reductions)
+
+    @property
+    def column_sums(self) -> bool:
+        """Column reductions: partial rows, then a kernel that adds them."""
+        return bool(self.col_reductions)
+
+    @property
+    def meets_at_ticket(self) -> bool:
+        """Full reductions: the last program to take the ticket finishes them (column sums have a kernel)."""
+        return bool(self.full_reductions)
 
     def phase_of(self, r: RowReduction) -> int:
         """The walk that reduces `r` when rows are walked in chunks: its source's depth, or its max's."""
@@ -217,8 +228,11 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             for k in range(len(space) - 2, -1, -1):
                 j = k - pad
                 if j >= 0 and not same(shape[j], sympy.Integer(1), env) and not same(space[k], 1, env):
-                    coord = f"((rows // ({pysrc(inner, sym_names)})) % ({pysrc(space[k], sym_names)}))"
-                    terms.append(f"{coord} * ({pysrc(strides[j], sym_names)})")
+                    # the row's index along dimension k; the outermost needs no modulo (rows < n_rows)
+                    coord = "rows" if inner == 1 else f"(rows // {_atom(pysrc(inner, sym_names))})"
+                    coord = coord if k == 0 else f"({coord} % {_atom(pysrc(space[k], sym_names))})"
+                    stride = strides[j]
+                    terms.append(coord if stride == 1 else f"{coord} * {_atom(pysrc(stride, sym_names))}")
                 inner = inner * space[k]
             col = 1 if shape and not same(shape[-1], sympy.Integer(1), env) and len(shape) >= 1 and \
                 same(shape[-1], C, env) else 0
@@ -397,9 +411,14 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
                 if isinstance(x, AttrRef) and x.name not in attrs:
                     attrs.append(x.name)
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
-    _pair_online(reductions)
+    _pair_online(reductions, info)
     return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
                    pysrc(C, sym_names), sym_names, phases, counts, input_names=list(input_names))
+
+
+def _atom(src: str) -> str:
+    """`src` as an operand: a name or a number as it is, an expression in parentheses."""
+    return src if src.isidentifier() or src.isdigit() else f"({src})"
 
 
 def _unviewed(n):
@@ -408,9 +427,10 @@ def _unviewed(n):
     return n
 
 
-def _pair_online(reductions: list[RowReduction]) -> None:
-    """Mark each row sum of exp(a - max(a)) with its max: a looped row then accumulates both in one walk,
-    rescaling the running sum by exp(old max - new max) (online softmax), instead of a walk for each."""
+def _pair_online(reductions: list[RowReduction], info: dict) -> None:
+    """Mark each row sum of exp(a - c) with max(a) when the shift c is the max or follows from it through
+    per-row elementwise ops (logsumexp's where(|max| == inf, 0, max)): a looped row then accumulates both in
+    one walk, rescaling the running sum by exp(old max - new max) (online softmax), and meets c after it."""
     maxes = {r.node: r for r in reductions if r.axis == "row" and r.kind == "max"}
     for r in reductions:
         if r.axis != "row" or r.kind != "sum":
@@ -422,9 +442,38 @@ def _pair_online(reductions: list[RowReduction]) -> None:
         if not (t.op == "call_function" and op_name(t.target) == "aten.sub.Tensor" and len(t.args) == 2
                 and isinstance(t.args[1], torch.fx.Node)):
             continue
-        m = maxes.get(_unviewed(t.args[1]))
+        m = _max_behind(t.args[1], maxes, info)
         if m is not None and _unviewed(m.source) is _unviewed(t.args[0]):
-            r.online = m
+            r.online, r.shift = m, t.args[1]
+
+
+_ROW_KINDS = (POINTWISE, VIEW, CONSTANT, SYMBOLIC)
+
+
+def _max_behind(c, maxes: dict, info: dict) -> RowReduction | None:
+    """The row max that per-row value `c` is computed from, if c needs nothing else a walk finds: no other
+    reduction, nothing that differs by column, so c is known as soon as the max's walk ends."""
+    found, seen, todo = None, set(), [c]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in maxes:
+            if found is not None and found is not maxes[n]:
+                return None
+            found = maxes[n]
+            continue
+        i = info.get(n)
+        if i is None or i.dc or i.post:
+            return None
+        if n.op == "call_function":
+            if OP_TABLE[op_name(n.target)].kind not in _ROW_KINDS:
+                return None
+            todo += n.all_input_nodes
+        elif n.op != "placeholder":
+            return None
+    return found
 
 
 def _hint_numel(node, env) -> int:
@@ -507,6 +556,14 @@ class ChainPlan:
     def reduces_across_programs(self) -> bool:
         return any(k.reduces_across_programs for k in self.kernels)
 
+    @property
+    def meets_at_ticket(self) -> bool:
+        return any(k.meets_at_ticket for k in self.kernels)
+
+    @property
+    def column_sums(self) -> bool:
+        return any(k.column_sums for k in self.kernels)
+
 
 def _copy_graph(gm: torch.fx.GraphModule):
     g = torch.fx.Graph()
@@ -524,8 +581,11 @@ def with_outputs(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
 
 
 def _handed_shape(shape, kind: str) -> list:
-    """The shape a finished value is handed over in: one row of columns, or one value (broadcast later)."""
+    """The shape a finished value is handed over in: one row of columns, one value per row (a saved
+    statistic), or one value (broadcast later)."""
     shape = list(shape)
+    if kind == "row":
+        return shape
     return [1] * (len(shape) - 1) + shape[-1:] if kind == "col" and shape else [1] * len(shape)
 
 

@@ -14,6 +14,7 @@ import re
 import sympy
 import torch
 from sympy.printing.str import StrPrinter
+from torch.utils._sympy.functions import FloorDiv
 
 
 def shape_env_of(gm: torch.fx.GraphModule):
@@ -70,14 +71,18 @@ def same(a, b, env) -> bool:
 class _Printer(StrPrinter):
     """sympy -> Python integer arithmetic (torch's FloorDiv / Mod helpers included)."""
 
+    def _operand(self, e):
+        # Python reads a // b*c as (a // b)*c: an operand that is not a name or a number keeps its brackets
+        return self._print(e) if e.is_Atom else f"({self._print(e)})"
+
     def _print_FloorDiv(self, e):
-        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} // {self._operand(e.args[1])})"
 
     _print_CleanDiv = _print_FloorDiv
     _print_IntTrueDiv = _print_FloorDiv
 
     def _print_PythonMod(self, e):
-        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} % {self._operand(e.args[1])})"
 
     _print_Mod = _print_PythonMod
 
@@ -103,10 +108,63 @@ def tidy(src: str) -> str:
 
 def pysrc(expr, names: dict) -> str:
     """Python source of a shape expression, with graph symbols renamed. `names` maps a symbol to a name, or to
-    an expression over named symbols (a 'G*32' dimension is 32*G), which lets torch's FloorDiv simplify."""
+    an expression over named symbols (a 'G*32' dimension is 32*G), which lets torch's FloorDiv simplify.
+    A group size that view(..., -1, c) left as a // (a // c) is printed as c (`group_divisions`)."""
+    return _Printer().doprint(exact_groups(renamed(expr, names)))
+
+
+def renamed(expr, names: dict) -> sympy.Expr:
     e = sympy.sympify(expr)
-    e = e.xreplace({s: _named(names.get(s, str(s))) for s in e.free_symbols})
-    return _Printer().doprint(e)
+    return e.xreplace({s: _named(names.get(s, str(s))) for s in e.free_symbols})
+
+
+def _group_division(x) -> tuple[sympy.Expr, int] | None:
+    """(a, c) when x is a // (a // c) for an int c > 0, torch's form of the last size of view(a, -1, c) (it may
+    have cancelled a // c to (a/k) // (c/k)). It is c whenever c divides a > 0; for a = 0 it divides by zero,
+    and c is still the group the reference means."""
+    if not isinstance(x, FloorDiv) or not isinstance(x.args[1], FloorDiv):
+        return None
+    a, (p, q) = x.args[0], x.args[1].args
+    k = sympy.simplify(a / p)
+    if q.is_Integer and q > 0 and k.is_Integer and k > 0:
+        return a, int(k * q)
+    return None
+
+
+def exact_groups(e: sympy.Expr) -> sympy.Expr:
+    """e with every a // (a // c) as c: sizes derived from the group size, not by dividing a size by an
+    expression of itself (a ZeroDivisionError for a < c, another grouping when c does not divide a). The
+    launchers refuse an `a` that c does not divide (`divisibility_checks`)."""
+    return e.replace(lambda x: _group_division(x) is not None, lambda x: sympy.Integer(_group_division(x)[1]))
+
+
+def group_divisions(exprs, names: dict) -> list[tuple[str, int]]:
+    """(source of a, c) for every a // (a // c) in the expressions, renamed: the sizes a that must be
+    multiples of c for `exact_groups` to hold."""
+    out: list[tuple[str, int]] = []
+    for expr in exprs:
+        for x in sympy.preorder_traversal(renamed(expr, names)):
+            g = _group_division(x)
+            if g is not None and (pair := (_Printer().doprint(exact_groups(g[0])), g[1])) not in out:
+                out.append(pair)
+    return out
+
+
+def divisibility_checks(exprs, names: dict, indent: str = "    ") -> list[str]:
+    """Launcher lines raising a ValueError for a size that a group size does not divide, which torch's view
+    refuses too: without them the op would cut the rows into other groups."""
+    lines = []
+    for a, c in group_divisions(exprs, names):
+        lines += [f"{indent}if ({a}) % {c}:",
+                  f'{indent}    raise ValueError(f"{a}: expected a multiple of {c} (the reference cuts it into groups '
+                  f'of {c}), got {{{a}}}")']
+    return lines
+
+
+def graph_shapes(gm: torch.fx.GraphModule) -> list[sympy.Expr]:
+    """Every dimension of every tensor a graph computes, canonical."""
+    env = shape_env_of(gm)
+    return [d for n in gm.graph.nodes if hasattr(n.meta.get("val"), "shape") for d in shape_of(n, env)]
 
 
 def _named(v):

@@ -46,6 +46,9 @@ class TracedOp:
     output_like: dict[str, str | None]  # output -> input whose dtype it takes (None: fixed float32)
     runtime_attrs: list[str]  # float attributes passed to kernels at run time
     example_binding: dict[str, int] = field(default_factory=dict)
+    # With leading dimensions (x of (B, S, H) for a request's (N, H)): the inputs whose first dimension is the rows,
+    # and for each output whether it has them too. None: the reference means something else by them.
+    leading: dict | None = None
 
 
 def example_binding(req: Request) -> dict[str, int]:
@@ -218,4 +221,37 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
             rewrite_inplace(gm)
             factor_column_sums(gm)
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
-                    binding)
+                    binding, leading_dimensions(req, fn, binding))
+
+
+def leading_dimensions(req: Request, fn, binding: dict) -> dict | None:
+    """Whether the reference treats leading dimensions as more rows, as norms, activations and per-row losses
+    do: on inputs whose first dimension is the first input's (the rows), given two of them stacked (2, N, ...),
+    every output equals the output on the (2N, ...) inputs, reshaped. A reference that means another dimension
+    (cross_entropy reads dim 1 of a 3-D input as the classes) or reduces over dim 0 fails the probe."""
+    rows = req.inputs[0].shape[0] if req.inputs[0].shape else None
+    if not (isinstance(rows, str) and rows.isidentifier()):
+        return None
+    if any(rows in map(str, s.shape[1:]) for s in req.inputs):
+        return None
+    leads = [s.name for s in req.inputs if s.shape and s.shape[0] == rows]
+    n = binding[rows]
+    a, b = example_inputs(req, binding, torch.float64, seed=1), example_inputs(req, binding, torch.float64, seed=2)
+    stacked = [torch.stack([x, y]) if s.name in leads else x for s, x, y in zip(req.inputs, a, b)]
+    flat = [t.reshape(2 * n, *t.shape[2:]) if s.name in leads else t for s, t in zip(req.inputs, stacked)]
+    try:
+        with torch.no_grad():
+            got, want = fn(*stacked, **req.attr_defaults), fn(*flat, **req.attr_defaults)
+    except Exception:  # the reference refuses more dimensions: the op keeps its declared ones
+        return None
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    row_outputs = []
+    for g, w in zip(got, want):
+        has_rows = w.dim() >= 1 and w.shape[0] == 2 * n and tuple(g.shape) == (2, n, *w.shape[1:])
+        if not has_rows and g.shape != w.shape:
+            return None
+        if not torch.allclose(g.reshape(w.shape), w, rtol=1e-12, atol=0.0, equal_nan=True):
+            return None
+        row_outputs.append(has_rows)
+    return {"inputs": {name: len(s.shape) for s in req.inputs for name in [s.name] if name in leads},
+            "outputs": row_outputs}

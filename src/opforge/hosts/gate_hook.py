@@ -39,7 +39,7 @@ def workspace_failures(ws_dir: Path) -> list[str]:
     from opforge.errors import InputError
     from opforge.orchestrator.gates import blocking_failures, run_gates
     from opforge.orchestrator.state import load_state
-    from opforge.orchestrator.workspace import Workspace
+    from opforge.workspace import Workspace
 
     try:
         state = load_state(ws_dir)

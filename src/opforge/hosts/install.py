@@ -17,7 +17,7 @@ from opforge.hosts import render
 from opforge.hosts.catalog import package_skills, skill_files
 from opforge.hosts.layouts import HOSTS, layout
 from opforge.hosts.validate import validate_tree
-from opforge.orchestrator.atomic import write_bytes_atomic, write_text_atomic
+from opforge.workspace.atomic import write_bytes_atomic, write_text_atomic
 
 MANIFEST_DIR = ".opforge/hosts"
 

@@ -19,11 +19,10 @@ from opforge.llm.engines import attempt_mode, last_failures
 from opforge.llm.loop import Bound, ToolInputError, run_loop
 from opforge.llm.prompts import system_prompt
 from opforge.llm.providers import LlmError, Tool, open_conversation
-from opforge.orchestrator import events
-from opforge.orchestrator.atomic import write_text_atomic
 from opforge.orchestrator.gates import run_gates
 from opforge.orchestrator.state import RETRY_BUDGET
-from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace
+from opforge.workspace import REQUEST_COPY, StageOutcome, Workspace, events
+from opforge.workspace.atomic import write_text_atomic
 
 READ_LIMIT = 20000
 HIDDEN = {".orchestrator.lock", ".precision_records.jsonl"}

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 
 from opforge.bench.aot import default_arch
 from opforge.llm.sandbox import run_python
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
 from opforge.orchestrator.gates import check_impl_compiles, run_gates
-from opforge.orchestrator.workspace import Workspace
 from opforge.skills.op_develop.stage import (
     compile_args,
     precision_report,
@@ -25,6 +23,8 @@ from opforge.skills.op_develop.stage import (
     render_tests,
 )
 from opforge.verify.cases import RECORD_ENV, read_records
+from opforge.workspace import Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 RECORDS = ".precision_records.jsonl"
 IMPL_GATES = ("G5-IMPL-SEPARATE", "G5-IMPL-TRITON-ONLY", "G5-IMPL-IMPORTS")

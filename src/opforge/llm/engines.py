@@ -9,15 +9,12 @@ engine only decides who writes; it never decides what passes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 from opforge.errors import InputError
 from opforge.llm.config import LlmConfig, load_config
-from opforge.orchestrator import events
-from opforge.orchestrator.workspace import StageOutcome, Workspace
+from opforge.workspace import StageFn, StageOutcome, Workspace, events
 
 ENGINES = ("deterministic", "llm", "auto", "host")
-StageFn = Callable[[Workspace, object, object], StageOutcome]
 
 
 class Engine:

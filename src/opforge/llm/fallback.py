@@ -13,9 +13,9 @@ import json
 from opforge.codegen.build import numel_of
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.trace import trace_request
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.verify.cases import level0_cases, level1_cases
+from opforge.workspace import StageOutcome, Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

@@ -23,7 +23,7 @@ from opforge.llm.loop import Bound, ToolInputError, run_loop
 from opforge.llm.prompts import system_prompt
 from opforge.llm.providers import LlmError, Tool, open_conversation
 from opforge.llm.sandbox import run_python
-from opforge.orchestrator.atomic import write_text_atomic
+from opforge.workspace.atomic import write_text_atomic
 
 CHECK_TIMEOUT_S = 120
 FORMAT = """\

@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 import yaml
 
-from opforge.orchestrator.atomic import sha256_file
-from opforge.orchestrator.workspace import Workspace
 from opforge.verify.kernel_lint import is_jit, lint_source
+from opforge.workspace import Workspace
+from opforge.workspace.atomic import sha256_file
 
 BLOCKING = ("S0", "S1")
 GOLDEN_IMPORT_TIMEOUT_S = 10

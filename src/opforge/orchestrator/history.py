@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from opforge.errors import InputError
-from opforge.orchestrator.atomic import write_bytes_atomic, write_json_atomic
+from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic
 
 HISTORY_DIR = "history_version"
 MANIFEST = "manifest.json"

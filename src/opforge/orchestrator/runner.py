@@ -16,8 +16,7 @@ from typing import Callable
 from opforge.codegen.trace import trace_request
 from opforge.errors import InputError
 from opforge.llm.engines import make_engine
-from opforge.orchestrator import events, history
-from opforge.orchestrator.atomic import sha256_file, workspace_lock
+from opforge.orchestrator import history
 from opforge.orchestrator.gates import blocking_failures, run_gates
 from opforge.orchestrator.state import (
     BLOCKED_BY_STAGE,
@@ -28,17 +27,29 @@ from opforge.orchestrator.state import (
     load_state,
     save_state,
 )
-from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace, copy_request
 from opforge.request import load_request
-from opforge.skills.op_api import stage as s2
-from opforge.skills.op_design import stage as s4
-from opforge.skills.op_develop import stage as s5
-from opforge.skills.op_golden import stage as s3
-from opforge.skills.op_perf import stage as s7
-from opforge.skills.op_precision import stage as s6
-from opforge.skills.op_requirement import stage as s1
+from opforge.skills.op_api import stage as op_api
+from opforge.skills.op_design import stage as op_design
+from opforge.skills.op_develop import stage as op_develop
+from opforge.skills.op_golden import stage as op_golden
+from opforge.skills.op_perf import stage as op_perf
+from opforge.skills.op_precision import stage as op_precision
+from opforge.skills.op_requirement import stage as op_requirement
+from opforge.workspace import REQUEST_COPY, StageFn, StageOutcome, Workspace, copy_request, events
+from opforge.workspace.atomic import sha256_file, workspace_lock
 
-STAGE_RUNNERS = {1: s1.run, 2: s2.run, 3: s3.run, 4: s4.run, 5: s5.run, 6: s6.run, 7: s7.run}
+# The stage registry: which skill runs each stage, in order. A stage's name, retry budget and blocked status
+# stay in state.py, which must load (for `op status`, the gate hook) without importing any skill.
+STAGE_REGISTRY: dict[int, StageFn] = {
+    1: op_requirement.run,
+    2: op_api.run,
+    3: op_golden.run,
+    4: op_design.run,
+    5: op_develop.run,
+    6: op_precision.run,
+    7: op_perf.run,
+}
+
 Progress = Callable[[str, int, str], None]  # (event, stage, text)
 
 
@@ -76,7 +87,7 @@ def _hashes(ws: Workspace, rels: list[str]) -> dict[str, str]:
 
 def _run_one(ws: Workspace, state: State, stage: int, req, engine) -> StageOutcome:
     try:
-        outcome = engine.stage_fn(stage, state, STAGE_RUNNERS[stage])(ws, req, state)
+        outcome = engine.stage_fn(stage, state, STAGE_REGISTRY[stage])(ws, req, state)
     except InputError as exc:  # the request or the reference is at fault: retrying cannot help
         return StageOutcome("blocked", str(exc))
     except Exception as exc:  # an environment failure (memory, a crashed subprocess): worth a retry

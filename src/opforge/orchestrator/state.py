@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from opforge.errors import InputError
-from opforge.orchestrator.atomic import write_json_atomic
+from opforge.workspace.atomic import write_json_atomic
+from opforge.workspace.events import utc_now
 
 STAGES = {1: "requirement", 2: "api", 3: "golden", 4: "design", 5: "develop", 6: "precision",
           7: "performance"}
@@ -33,10 +33,6 @@ SCHEMA_VERSION = 1
 
 class BudgetExceeded(RuntimeError):
     """A stage was begun more often than its retry budget allows."""
-
-
-def utc_now(timespec: str = "microseconds") -> str:
-    return datetime.now(timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def _new_perf() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,6 +42,12 @@ RECORD_ENV = "OPFORGE_PRECISION_RECORD"  # a JSONL file that every checked case 
 POW2_SCALAR = 2.0 ** -5
 SPREAD_NUMEL = 64  # below this many elements an output's float32 error is sampled, not read off its max
 SPREAD_SAMPLES = 16
+# An impl ships the GPU's block sizes, and Triton's interpreter runs them too, one program after another in
+# Python: a case whose largest input is over SHIPPED_BLOCKS_UP_TO elements (the P0 shapes, Level 1's largest)
+# runs there with INTERPRETER_BLOCKS instead, for speed only, and its record says so. Smaller cases run the
+# shipped blocks over several programs, as the GPU does; on a GPU every case runs them.
+SHIPPED_BLOCKS_UP_TO = 1 << 16
+INTERPRETER_BLOCKS = {"BLOCK": 32768, "TILE": 65536}
 
 
 def level0_cases(dtypes: list[str], p0: list[dict]) -> list[dict]:
@@ -124,6 +131,26 @@ def find_case(design: dict, case_id: str) -> dict:
     return next(c for c in v["level0"] + v["level1"] if c["id"] == case_id)
 
 
+@contextmanager
+def interpreter_blocks(impl, tensors):
+    """Within it, `impl` runs the blocks that a case with these inputs runs (see SHIPPED_BLOCKS_UP_TO); yields
+    {"ran": ..., "shipped": ...} where they are INTERPRETER_BLOCKS, else None. The module's constants are
+    restored on exit."""
+    # `is True`: a wrapper that forwards every attribute (op_perf's OnDevice) runs on a device, not interpreted
+    interpreted = getattr(impl, "INTERPRET", False) is True
+    if not interpreted or max((t.numel() for t in tensors), default=0) <= SHIPPED_BLOCKS_UP_TO:
+        yield None
+        return
+    shipped = {k: getattr(impl, k) for k in INTERPRETER_BLOCKS if hasattr(impl, k)}
+    try:
+        for k in shipped:
+            setattr(impl, k, INTERPRETER_BLOCKS[k])
+        yield {"ran": {k: INTERPRETER_BLOCKS[k] for k in shipped}, "shipped": shipped}
+    finally:
+        for k, v in shipped.items():
+            setattr(impl, k, v)
+
+
 def _call_impl(impl, op: str, tensors, attrs, grad_outputs, grad_inputs, names):
     ins = [t.clone().requires_grad_(n in grad_inputs) for t, n in zip(tensors, names)]
     outs = getattr(impl, op)(*ins, **attrs)
@@ -161,7 +188,8 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
         # a matrix case the reference itself does not define (an empty amax): nothing to hold the kernel to
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return _record(case, seed, True, [], skipped=f"the reference raises here: {type(exc).__name__}: {msg}")
-    ins, outs, grads = _call_impl(impl, spec["op_name"], tensors, attrs, g_outs, grad_inputs, names)
+    with interpreter_blocks(impl, tensors) as blocks:
+        ins, outs, grads = _call_impl(impl, spec["op_name"], tensors, attrs, g_outs, grad_inputs, names)
     produced = dict(zip(golden.OUTPUT_NAMES, outs))
     produced.update((f"grad_{n}", grads[k]) for k, n in enumerate(grad_inputs))
     small = [n for n, t in wanted.items() if n not in spec.get("exact_outputs", []) and t[0].numel() < SPREAD_NUMEL]
@@ -201,7 +229,7 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
             res["eager"] = _eager_figures(actual, eager.get(name), t64, tol, name)
         results.append(res)
     results.append(_alias_check(ins, list(produced.values())))
-    return _record(case, seed, all(r["passed"] for r in results), results)
+    return _record(case, seed, all(r["passed"] for r in results), results, blocks=blocks)
 
 
 def _golden_paths(golden, tensors, g_outs, attrs, grad_inputs, forward=None) -> dict:
@@ -290,10 +318,12 @@ def _nudge(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.where(torch.isfinite(t) & (t != 0), moved, t)
 
 
-def _record(case: dict, seed: int, passed: bool, outputs: list, skipped: str | None = None) -> dict:
+def _record(case: dict, seed: int, passed: bool, outputs: list, skipped: str | None = None,
+            blocks: dict | None = None) -> dict:
     """The case's result, appended to the JSONL file that stage 5 reads into PRECISION.md."""
     record = {"case": case["id"], "level": case["level"], "dtype": case["dtype"], "binding": case["binding"],
-              "seed": seed, "passed": passed, "outputs": outputs, **({"skipped": skipped} if skipped else {})}
+              "seed": seed, "passed": passed, "outputs": outputs, **({"skipped": skipped} if skipped else {}),
+              **({"interpreter_blocks": blocks} if blocks else {})}
     path = os.environ.get(RECORD_ENV)
     if path:
         with open(path, "a") as f:

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from opforge.workspace import load_module
+
 REL_TOL = 1e-3  # float32 compute against float64: a correct step stays orders of magnitude below this
 
 
@@ -179,9 +181,8 @@ def source_line(impl_path: str | Path, kernel: str, name: str) -> str | None:
 def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
     """Replay one failing case of a workspace and name the kernel step where `output` goes wrong."""
     from opforge.codegen.trace import trace_request
-    from opforge.orchestrator.workspace import load_module
     from opforge.request import load_request
-    from opforge.verify.cases import build_inputs, find_case, grad_outputs
+    from opforge.verify.cases import build_inputs, find_case, grad_outputs, interpreter_blocks
 
     ws = Path(ws_dir)
     spec = json.loads((ws / "spec.json").read_text())
@@ -205,7 +206,8 @@ def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
             outs = outs if isinstance(outs, tuple) else (outs,)
             torch.autograd.grad(outs, [t for t in ins if t.requires_grad], g_outs)
 
-    records = record_kernels(impl_path, call)
+    with interpreter_blocks(impl, tensors):  # the blocks that the failing run ran
+        records = record_kernels(impl_path, call)
     gm = traced.joint if backward else traced.forward
     gold = golden_values(gm, list(tensors) + list(g_outs), attrs)
     steps = compare_steps(records, gold, "_backward" if backward else "_forward", [n.name for n in gm.graph.nodes])

@@ -10,8 +10,8 @@ from string import Template
 
 import torch
 
-from opforge.orchestrator.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from opforge.skills.api_consistency.triage import RULES, Diagnosis
+from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 REPRO_TEMPLATE = Path(__file__).with_name("repro.py.tmpl")
 EXIT_TITLES = {1: "exit 1: consistent or an expected difference",

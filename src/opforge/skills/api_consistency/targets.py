@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from opforge.errors import InputError
-from opforge.orchestrator.workspace import load_module
+from opforge.workspace import load_module
 
 LOWP = {"half": torch.float16, "fp16": torch.float16, "float16": torch.float16,
         "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}

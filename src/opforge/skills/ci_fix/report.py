@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 JSON_NAME = "ci-fix.json"
 MD_NAME = "ci-fix.md"

@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from opforge.codegen.build import graph_binding, kernels_of, numel_of, plan_request, shape_numel
+from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.trace import trace_request
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
+from opforge.workspace import StageOutcome, Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4}
 
@@ -51,8 +51,10 @@ def _pass_bytes(gm, req, binding, wanted: list[int], n_inputs: int, eb: int) -> 
     return reads + eb * sum(numel(results[i]) for i in wanted)
 
 
-def _kernels(plan) -> int:
-    return len(kernels_of(plan))
+def _launches(plan, gm, req, binding) -> dict:
+    """Fused launches per call, every device event counted: kernels, memsets and fills."""
+    ev = device_events(plan, graph_binding(gm, req, binding))
+    return {"fused_kernels": ev["kernels"] + ev["memsets"], "fused_memsets": ev["memsets"]}
 
 
 def _chain_bytes(plan, gm, req, binding, eb: int) -> int:
@@ -85,7 +87,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
             eager = eager_cost(req, binding, dt, fn)
             f_eager = eager["forward"]
             row = {"binding": binding, "dtype": dt, "elements": n_elem,
-                   "forward": {"fused_kernels": _kernels(build.forward),
+                   "forward": {**_launches(build.forward, traced.forward, req, binding),
                                "fused_bytes": _bytes(build.forward, traced.forward, req, binding, list(range(n_out)),
                                                      n_in, eb),
                                "eager_kernels": f_eager["kernels"], "eager_bytes": f_eager["bytes"],
@@ -95,7 +97,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                 b_eager = eager.get("backward", {"kernels": 0, "bytes": 0, "ops": []})
                 grads = list(range(n_out, n_out + len(traced.grad_inputs)))
                 row["backward"] = {
-                    "fused_kernels": _kernels(build.backward),
+                    **_launches(build.backward, traced.joint, req, binding),
                     "fused_bytes": _bytes(build.backward, traced.joint, req, binding, grads, n_in + n_out, eb),
                     "eager_kernels": b_eager["kernels"], "eager_bytes": b_eager["bytes"], "eager_ops": b_eager["ops"],
                     "flops": len(build.backward.body + build.backward.epilogue) * n_elem}
@@ -137,9 +139,11 @@ def _layout_notes(build) -> list[str]:
             "minimum bytes below are what the kernel moves. A longer row is walked once per phase (plus the final "
             "walk); those extra reads hit L2 when BLOCK_R rows fit it, and the `row_passes` column of "
             "api_report.json says how many walks there are.",
-            "- Column reductions (a norm's weight gradient) and full reductions (a loss) are summed per program, "
-            "then across programs by atomics, or, with `deterministic=True`, by the last program in program "
-            "order."]
+            "- Column reductions (a norm's weight gradient): the row kernel runs about one program per SM, each "
+            "summing its rows per column in registers and storing one float32 row of partials; a second kernel "
+            "adds those rows in program order (the same bits every run) and stores the column outputs.",
+            "- Full reductions (a loss) are summed per program, then across programs by atomics, or, with "
+            "`deterministic=True`, by the last program in program order."]
     if why:
         out += ["- More than one kernel in a pass, because a value needs finished reductions for every row "
                 "(they are handed over in float32 buffers):", *[f"  - {w}" for w in why]]
@@ -166,14 +170,17 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
               "PyTorch dispatches for the reference (seen by a TorchDispatchMode, so softmax is one `_softmax`, "
               "not its decomposition; views and allocations launch none), each reading its inputs and writing "
               "its outputs once.", "",
-              "| shape | dtype | pass | fused kernels | fused bytes | eager kernels | eager bytes | eager/fused "
-              "bytes | flops/byte |", "|---|---|---|---|---|---|---|---|---|"]
+              "Fused launches count every device event: kernels, and the memsets that zero the buffers where "
+              "programs meet.", "",
+              "| shape | dtype | pass | fused launches (memsets) | fused bytes | eager kernels | eager bytes | "
+              "eager/fused bytes | flops/byte |", "|---|---|---|---|---|---|---|---|---|"]
     for c in cost:
         for p in ("forward", "backward"):
             if p not in c:
                 continue
             x = c[p]
-            lines.append(f"| {c['binding']} | {c['dtype']} | {p} | {x['fused_kernels']} | {x['fused_bytes']:,} | "
+            launches = f"{x['fused_kernels']} ({x.get('fused_memsets', 0)})"
+            lines.append(f"| {c['binding']} | {c['dtype']} | {p} | {launches} | {x['fused_bytes']:,} | "
                          f"{x['eager_kernels']} | {x['eager_bytes']:,} | {x['eager_bytes'] / x['fused_bytes']:.1f}× | "
                          f"{x['arithmetic_intensity']} |")
     if cost:

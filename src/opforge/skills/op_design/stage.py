@@ -9,10 +9,10 @@ from opforge.codegen.build import kernels_of, plan_request
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.rows import RowPlan
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 from opforge.verify.cases import level0_cases, level1_cases
+from opforge.workspace import StageOutcome, Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 
 def plan_summary(plan: KernelPlan | RowPlan) -> dict:
@@ -33,7 +33,7 @@ def plan_summary(plan: KernelPlan | RowPlan) -> dict:
 
 
 _WHEN = {"full": "every program, tile by tile", "row": "every program, one value per row",
-         "col": "last program (after the column reductions)", "scalar": "last program (after the reductions)"}
+         "col": "the column-sum kernel (after the column reductions)", "scalar": "last program (after the reductions)"}
 
 
 def _row_summary(plan: RowPlan) -> dict:
@@ -85,8 +85,9 @@ def _kernel_md(plan) -> list[str]:
                              f"so a looped row is walked {s['looped_walks']} time(s), one fewer per pair;")
         if by_axis.get("col"):
             lines.append(f"- column reductions: {'; '.join(by_axis['col'])}. Each program sums its rows per column; "
-                         "the sums meet in float32 accumulators (atomics) or, deterministic, in per-program partials "
-                         "that the last program adds in program order, then stores the column outputs;")
+                         "the row kernel runs about one program per SM (the device's count), each storing one float32 "
+                         "row of partials, and a second kernel adds the rows in program order (bit-reproducible "
+                         "without deterministic=True), then stores the column outputs;")
         if by_axis.get("full"):
             lines.append(f"- full reductions: {'; '.join(by_axis['full'])}, finished by the last program "
                          f"({s['epilogue_statements']} statements after them);")
@@ -106,9 +107,31 @@ def _kernel_md(plan) -> list[str]:
 def _tiling(plan) -> dict:
     if getattr(plan, "layout", "flat") == "rows":
         return {"layout": "rows", "grid": "cdiv(n_rows, BLOCK_R)", "BLOCK_C": "min(next_pow2(n_cols), 8192)",
-                "BLOCK_R": "max(1, TILE // BLOCK_C)", "TILE": 4096, "interpreter_TILE": 65536, "num_warps": 4}
-    return {"layout": "flat", "BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)",
-            "interpreter_BLOCK": 32768}
+                "BLOCK_R": "max(1, TILE // BLOCK_C)", "TILE": 4096, "num_warps": 4}
+    return {"layout": "flat", "BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)"}
+
+
+def _saved_json(build) -> dict | None:
+    s = build.saved
+    if s is None:
+        return None
+    return {"statistics": [n.removeprefix("saved_") for n in s.names], "saved": s.bytes_saved > 0,
+            "bytes_saved": s.bytes_saved, "backward_looped_walks": {"recomputed": s.walks[0], "saved": s.walks[1]}}
+
+
+def _saved_md(build, binding) -> list[str]:
+    """The per-row statistics choice (codegen/saved.py), with its bytes at the deciding shape."""
+    s = build.saved
+    if s is None:
+        return []
+    stats = ", ".join(f"`{n.removeprefix('saved_')}`" for n in s.names)
+    head = (f"Per-row statistics the backward would recompute: {stats} (one float32 per row each). At {binding} "
+            f"a looped row's backward walks it {s.walks[0]} time(s) recomputing them, {s.walks[1]} reading them")
+    if s.bytes_saved > 0:
+        return [head + f"; saving them moves {s.bytes_saved:,} fewer bytes per call, so the forward writes them "
+                "and the backward reads them.", ""]
+    return [head + f"; rows of this shape fit one chunk (read once either way), so saving would move "
+            f"{-s.bytes_saved:,} more bytes: they are recomputed.", ""]
 
 
 def run(ws: Workspace, req: Request, state) -> StageOutcome:
@@ -143,14 +166,17 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
                       "every row, so they are finished first and handed over in float32 buffers.", "",
                       *[f"- {w}" for w in p.why], ""]
     if build.backward:
-        lines += ["The backward kernel recomputes the forward values it needs from the inputs instead of "
-                  "loading saved intermediates: recomputing costs a few flops per element, saving would cost a "
+        lines += ["The backward kernel recomputes the full-size forward values it needs from the inputs instead "
+                  "of loading saved intermediates: recomputing costs a few flops per element, saving would cost a "
                   "full-size write in the forward and a read in the backward.", ""]
+        lines += _saved_md(build, binding)
+        design["saved_statistics"] = _saved_json(build)
     lines += ["## Tiling and loops", ""]
     if design["tiling"]["layout"] == "rows":
         lines += ["- 1-D grid of `cdiv(n_rows, BLOCK_R)` programs. A chunk is BLOCK_R × BLOCK_C elements: "
-                  "BLOCK_C = next_pow2(n_cols) up to 8192 columns, BLOCK_R fills 4096 elements on GPUs "
-                  "(65536 in the interpreter), so short rows are processed many at a time.",
+                  "BLOCK_C = next_pow2(n_cols) up to 8192 columns, BLOCK_R fills 4096 elements, so short rows "
+                  "are processed many at a time. The interpreter runs these sizes too; the tests give it larger "
+                  "ones on large shapes only, for speed.",
                   "- PERSISTENT (n_cols ≤ BLOCK_C): no loop; every input is loaded once and every reduction "
                   "reduces registers. Otherwise each phase loops over the row in BLOCK_C chunks.",
                   "- Column and full reductions meet across programs; the ordered partial sums loop over programs.",
@@ -164,8 +190,8 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
                   "- Accumulators are float32 whatever the dtype.", ""]
     else:
         lines += ["- 1-D grid of `cdiv(n_elements, BLOCK)` programs (at least one, so an empty tensor still "
-                  "finishes its reductions); `BLOCK` = 1024 elements and 4 warps on GPUs, 32768 in the "
-                  "interpreter.",
+                  "finishes its reductions); `BLOCK` = 1024 elements and 4 warps. The interpreter runs this "
+                  "size too; the tests give it larger blocks on large shapes only, for speed.",
                   "- No loop in the main body: each program handles one block. The ordered partial sum loops "
                   "over programs in steps of `RBLOCK` = 1024.", "",
                   "## Memory layout", "",

@@ -13,10 +13,10 @@ from string import Template
 
 from opforge.bench.aot import default_arch
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import REQUEST_COPY, StageOutcome, Workspace
 from opforge.request import Request
-from opforge.verify.cases import RECORD_ENV, read_records
+from opforge.verify.cases import RECORD_ENV, SHIPPED_BLOCKS_UP_TO, read_records
+from opforge.workspace import REQUEST_COPY, StageOutcome, Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 TEST_TEMPLATE = Path(__file__).with_name("test.py.tmpl")
 RECORDS = ".precision_records.jsonl"
@@ -109,6 +109,7 @@ def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> d
             w["max_abs"] = max(w["max_abs"], float(o.get("max_abs") or 0.0))
             w["max_ulp"] = max(w["max_ulp"], int(o.get("max_ulp") or 0))
     return {"summary": {"total": total, "passed": passed, "skipped": skipped, "failed": total - passed - skipped,
+                        "interpreter_blocks": sum(bool(r.get("interpreter_blocks")) for r in records),
                         "pytest_rc": pytest_rc, "pytest": pytest_line,
                         "all_passed": pytest_rc == 0 and passed + skipped == total and passed > 0},
             "per_output": worst, "numerics_vs_eager": numerics_vs_eager(records), "cases": records}
@@ -160,7 +161,7 @@ def render_precision(op: str, report: dict) -> str:
     s = report["summary"]
     skipped = f", {s['skipped']} skipped (the reference does not define them)" if s.get("skipped") else ""
     lines = [f"# Precision: {op}", "", f"pytest: `{s['pytest']}` (exit {s['pytest_rc']}). "
-             f"Cases: {s['passed']}/{s['total']} passed{skipped}.",
+             f"Cases: {s['passed']}/{s['total']} passed{skipped}.", *_render_blocks(report["cases"]),
              "", "## Per output (worst over all cases)", "",
              "| output | cases | compared exactly | max abs error | max ULP |", "|---|---|---|---|---|"]
     for name, w in report["per_output"].items():
@@ -176,7 +177,8 @@ def render_precision(op: str, report: dict) -> str:
         outs = ", ".join(f"{o['name']}={o.get('max_abs', 0):.2g}" for o in shown)
         eager = ", ".join(f"{o['name']}={_eager_cell(o['eager'])}" for o in shown if "eager" in o)
         verdict = "skipped: " + r["skipped"] if r.get("skipped") else ("yes" if r["passed"] else "**no**")
-        lines.append(f"| {r['case']} | {r['seed']} | {verdict} | {outs} | {eager} |")
+        blocks = " (interpreter blocks)" if r.get("interpreter_blocks") else ""
+        lines.append(f"| {r['case']}{blocks} | {r['seed']} | {verdict} | {outs} | {eager} |")
     failing = [r for r in report["cases"] if not r["passed"]]
     if failing:
         lines += ["", "## Failures", ""]
@@ -186,6 +188,17 @@ def render_precision(op: str, report: dict) -> str:
                     lines.append(f"- {r['case']} (seed {r['seed']}) {o['name']}: {o.get('mismatches')} mismatches, "
                                  f"worst {o.get('worst', [])[:3]}")
     return "\n".join(lines) + "\n"
+
+
+def _render_blocks(cases: list[dict]) -> list[str]:
+    big = [r["interpreter_blocks"] for r in cases if r.get("interpreter_blocks")]
+    if not big:
+        return []
+    ran, shipped = (", ".join(f"{k}={v}" for k, v in big[0][w].items()) for w in ("ran", "shipped"))
+    return ["", f"Block sizes: {len(big)} of {len(cases)} cases, those with inputs over {SHIPPED_BLOCKS_UP_TO:,} "
+                f"elements, ran in Triton's interpreter with {ran} instead of the shipped {shipped}, "
+                "for speed only (marked below); the other cases ran the shipped block sizes, over several "
+                "programs where their shapes span them."]
 
 
 def _render_eager(summary: dict | None) -> list[str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from opforge.orchestrator.atomic import write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
+from opforge.workspace import StageOutcome, Workspace
+from opforge.workspace.atomic import write_text_atomic
 
 TEMPLATE = Path(__file__).with_name("golden.py.tmpl")
 

@@ -16,11 +16,11 @@ from opforge.bench.aot import FIGURE_COLUMNS, figure_cells, shape_label
 from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.timing import device_name
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace, load_module
 from opforge.request import Request
 from opforge.skills.op_develop.stage import render_readme
 from opforge.verify.tolerance import parse_dtype
+from opforge.workspace import StageOutcome, Workspace, load_module
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 NO_KERNEL_TIMING = ("kernel timing needs an accelerator: on this CPU the fused kernel runs in Triton's "
                     "interpreter, whose times measure Python, so only the reference paths are timed")

@@ -14,10 +14,10 @@ import json
 
 from opforge.codegen.ops import OP_TABLE, op_name
 from opforge.codegen.trace import trace_request
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 from opforge.verify.kernel_steps import localise_in_subprocess
+from opforge.workspace import StageOutcome, Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 
 def _path_ops(gm, index: int) -> list[dict]:

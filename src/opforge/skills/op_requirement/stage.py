@@ -13,10 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from opforge.codegen.build import symbol_map
 from opforge.codegen.graph_text import dataflow_ascii, formula_lines, output_traits
 from opforge.codegen.trace import example_inputs, trace_request
-from opforge.orchestrator.atomic import write_json_atomic, write_text_atomic
-from opforge.orchestrator.workspace import StageOutcome, Workspace
 from opforge.request import Request
 from opforge.verify.tolerance import parse_dtype, tolerance_for
+from opforge.workspace import StageOutcome, Workspace
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 SCHEMA_VERSION = 1
 
@@ -53,11 +53,24 @@ def build_spec(req: Request) -> tuple[dict, object]:
         "outputs": [{"name": n, "dtype": f"like {traced.output_like[n]}" if traced.output_like[n] else "float32"}
                     for n in traced.output_names],
         "grad_inputs": traced.grad_inputs if req.backward else [],
+        "leading_dimensions": list(traced.leading["inputs"]) if traced.leading else [],
         "exact_outputs": [n for n, t in traits.items() if t["exact"]],
         "reduced_outputs": [n for n, t in traits.items() if t["reduced"]],
         "reduced_extent": {n: t["reduced_extent"] for n, t in traits.items() if t["reduced"]},
     }
     return spec, traced
+
+
+def _leading_line(req: Request, spec: dict) -> str:
+    rows = req.inputs[0].shape[0] if req.inputs[0].shape else None
+    if spec["leading_dimensions"]:
+        names = ", ".join(spec["leading_dimensions"])
+        return (f"- Dimensions that vary: every size above, and {names} may have more leading dimensions than "
+                f"{rows!r} (a (B, S, ...) input for ({rows!r}, ...)): together they are the rows, and the outputs "
+                "with rows have them too. The reference was probed: on inputs stacked to (2, ...) it gives the "
+                "(2·rows, ...) outputs reshaped.")
+    return ("- Dimensions that vary: every size above; the rank is the declared one (the reference, probed with "
+            "leading dimensions stacked, means something else by them, or its first input has no row dimension).")
 
 
 def render_spec(req: Request, spec: dict, traced) -> str:
@@ -98,6 +111,7 @@ def render_spec(req: Request, spec: dict, traced) -> str:
               "## Boundary handling", "",
               "- Zero elements: outputs are empty; a full reduction of nothing is its identity (0 for sums).",
               "- Shapes are run-time arguments: any size, including sizes that are not block multiples.",
+              _leading_line(req, spec),
               "- Values beyond a clamp saturate at its bounds; exact .5 ties round to even, as `torch.round`.",
               "- NaN and ±Inf propagate as they do through the reference, position by position.",
               "- Per-tensor scalars below a floor attribute take the floor, as the reference does "

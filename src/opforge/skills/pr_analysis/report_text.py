@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from opforge.orchestrator.atomic import write_text_atomic
 from opforge.skills.pr_analysis.review import note_text
+from opforge.workspace.atomic import write_text_atomic
 
 
 def to_json(report: dict) -> str:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from opforge.orchestrator.state import utc_now
-
 EVENTS_FILE = "events.jsonl"
+
+
+def utc_now(timespec: str = "microseconds") -> str:
+    return datetime.now(timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 class Events(list):

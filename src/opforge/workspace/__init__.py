@@ -1,4 +1,9 @@
-"""The workspace: one folder per operator, and the names of the artifacts each stage writes in it."""
+"""The workspace: one folder per operator, and the names of the artifacts each stage writes in it.
+
+A leaf package, with atomic.py (crash-safe writes, the lock) and events.py (the event log): every skill,
+the runner, llm, hosts and bench build on it, so it imports nothing of opforge but errors and request
+(tests/test_layers.py holds it to that).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from opforge.request import REQUEST_FILE, Request, load_request
 
@@ -61,13 +67,17 @@ class StageOutcome:
     retryable: bool = False  # a deterministic stage that failed fails the same way again
 
 
+# What the runner calls for a stage: (workspace, request, state) -> outcome. The state is untyped here, as
+# the leaf cannot import the orchestrator's State.
+StageFn = Callable[[Workspace, Request, object], StageOutcome]
+
+
 def copy_request(request_dir: Path, dest: Path) -> None:
     """Copy request.yaml and every Python file beside it (the reference and what it imports)."""
     dest.mkdir(parents=True, exist_ok=True)
     for f in sorted(request_dir.iterdir()):
         if f.is_file() and (f.name == REQUEST_FILE or f.suffix == ".py"):
             shutil.copy2(f, dest / f.name)
-
 
 
 def load_module(path: str | Path, name: str):

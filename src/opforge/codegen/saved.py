@@ -1,0 +1,93 @@
+"""Per-row statistics the forward saves for the backward, when that moves fewer bytes than recomputing them.
+
+The backward graph recomputes everything the forward computed from the inputs: an RMSNorm's mean square, a
+LayerNorm's mean and variance, a softmax's max and sum of exponentials. A row that fits one chunk reads its
+inputs once either way, so recomputing costs no bytes and saving would add some; a longer row is walked once
+more for each such reduction, and there the forward writes the statistics (one float32 per row each) and the
+backward reads them instead of walking (as Liger's norms keep rstd). The choice is made at the request's first
+P0 shape and stated in DESIGN.md with its bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from opforge.codegen.ops import upstream
+from opforge.codegen.rows import RowPlan, cut_at
+
+
+@dataclass
+class SavedStats:
+    names: list[str]  # the backward's extra inputs, the forward's extra outputs, in order
+    forward_nodes: list  # where the forward graph computes them
+    backward_nodes: list  # where the backward graph recomputed them
+    bytes_saved: int  # at the deciding shape: recomputation's extra walks, less the stats written and read
+    walks: tuple[int, int]  # the backward's looped walks: recomputing, with the stats saved
+
+
+# the joint graph detaches what autograd saved; the value is the same
+_SAME_VALUE = {"aten.detach.default", "aten.alias.default", "aten.clone.default"}
+
+
+def _key(node, memo: dict, inputs: dict):
+    """A node's computation, independent of the graph it sits in: its target over its arguments' keys."""
+    if node in memo:
+        return memo[node]
+    if node.op == "placeholder":
+        k = ("input", inputs.get(node))
+    elif node.op == "call_function" and str(node.target) in _SAME_VALUE:
+        k = _key(node.args[0], memo, inputs)
+    elif node.op == "call_function":
+        def arg(a):
+            if isinstance(a, torch.fx.Node):
+                return _key(a, memo, inputs)
+            if isinstance(a, (list, tuple)):
+                return tuple(arg(x) for x in a)
+            return repr(a)
+        k = (str(node.target), arg(node.args), tuple(sorted((n, arg(v)) for n, v in node.kwargs.items())))
+    else:
+        k = (node.op, node.name)
+    memo[node] = k
+    return k
+
+
+def _keys(gm, n_inputs: int) -> dict:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = {p: i for i, p in enumerate(placeholders[:n_inputs])}
+    memo: dict = {}
+    return {n: _key(n, memo, inputs) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def forward_stats(fwd: RowPlan, bwd: RowPlan, fwd_gm, joint_gm, n_inputs: int) -> list[tuple]:
+    """(backward node, forward node) for each row reduction the backward recomputes from the inputs alone
+    and the forward's kernel also reduces per row."""
+    fwd_keys = {k: n for n, k in _keys(fwd_gm, n_inputs).items()}
+    fwd_rows = {r.node for r in fwd.reductions if r.axis == "row"}
+    joint_keys = _keys(joint_gm, n_inputs)
+    placeholders = [n for n in joint_gm.graph.nodes if n.op == "placeholder"]
+    grads = set(placeholders[n_inputs:])
+    out = []
+    for r in bwd.reductions:
+        if r.axis != "row" or upstream([r.node]) & grads:
+            continue
+        f = fwd_keys.get(joint_keys.get(r.node))
+        if f is not None and f in fwd_rows and all(f is not g for _, g in out):  # a repeat stays recomputed
+            out.append((r.node, f))
+    return out
+
+
+def add_outputs(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
+    """The same graph returning `nodes` after its own outputs."""
+    g = torch.fx.Graph()
+    env: dict = {}
+    out = g.graph_copy(gm.graph, env)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    g.output((*outs, *(env[n] for n in nodes)))
+    return torch.fx.GraphModule(gm, g)
+
+
+def read_instead(joint_gm, nodes: list, names: list[str]) -> torch.fx.GraphModule:
+    """The backward graph reading `nodes` from new inputs instead of recomputing them."""
+    return cut_at(joint_gm, nodes, names, ["row"] * len(nodes))
