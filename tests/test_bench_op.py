@@ -95,7 +95,7 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
     def verify():
         cfg = current_config(impl)
         verified.append(cfg)
-        if impl.MAX_BLOCK_C > start["MAX_BLOCK_C"]:  # a planted precision failure for wider chunks
+        if impl.TILE > start["TILE"]:  # a planted precision failure for wider tiles
             return "precision: planted failure"
         ins = case.inputs(777)
         return outputs_mismatch(call(ins), ref(ins), 1e-5)
@@ -105,7 +105,7 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
         assert len(verified) == len(res["history"])  # every candidate verified before its time counted
         rejected = [h for h in res["history"] if h["status"] == "rejected"]
         assert rejected and all("ms" not in h for h in rejected)
-        assert res["best"]["MAX_BLOCK_C"] <= start["MAX_BLOCK_C"]
+        assert res["best"]["TILE"] <= start["TILE"]
         assert res["stop"] in ("3 rounds without gain", "10 rounds", "search space exhausted")
         assert current_config(impl) == res["best"]
         # the target stops the search before any round
@@ -117,7 +117,7 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
     changed = write_back(copy, {"NUM_WARPS": 8, "ROW_NUM_WARPS": 16})
     assert set(changed) == {"NUM_WARPS", "ROW_NUM_WARPS"}
     text = copy.read_text()
-    assert "\nNUM_WARPS = 8\n" in text and '"num_warps": 16' in text
+    assert "\nNUM_WARPS = 8\n" in text and "\n    warps = 16  # tuned\n" in text
     compile(text, str(copy), "exec")
 
 

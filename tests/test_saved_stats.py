@@ -10,7 +10,7 @@ from test_fusion_planner import load_impl, write_request
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.request import load_request
 
-LONG = [{"N": 16, "V": 32768}]  # rows past MAX_BLOCK_C: looped
+LONG = [{"N": 16, "V": 131072}]  # rows past MAX_BLOCK_C: looped
 SHORT = [{"N": 2048, "V": 4096}]  # rows that fit: persistent
 
 

@@ -20,7 +20,7 @@ from opforge.workspace.atomic import write_text_atomic
 
 SPACE = {
     "TILE": [1024, 2048, 4096, 8192, 16384],
-    "MAX_BLOCK_C": [1024, 2048, 4096, 8192, 16384],
+    "MAX_BLOCK_C": [2048, 4096, 8192, 16384, 32768, 65536],
     "BLOCK": [256, 512, 1024, 2048, 4096],
     "NUM_WARPS": [2, 4, 8],
     "ROW_NUM_WARPS": [None, 4, 8, 16],
@@ -157,19 +157,17 @@ def write_back(impl_path: Path, cfg: dict) -> list[str]:
             if new != line:
                 lines[i] = new
                 changed.append(m["name"])
+        warps, stages = cfg.get("ROW_NUM_WARPS"), cfg.get("NUM_STAGES")
         if line.startswith("def _row_launch"):
             in_row_launch = True
+        elif in_row_launch and line.startswith("    warps = ") and warps:  # the heuristic by tile, tuned away
+            lines[i] = f"    warps = {int(warps)}  # tuned\n"
+            changed.append("ROW_NUM_WARPS")
         elif in_row_launch and line.startswith("    return {") and '"num_warps"' in line:
-            warps, stages = cfg.get("ROW_NUM_WARPS"), cfg.get("NUM_STAGES")
-            if warps or stages:
-                body = line.strip()[len("return {"):-1]
-                if warps:
-                    body = re.sub(r'"num_warps": [^,]*(\([^)]*\))?[^,]*,', f'"num_warps": {int(warps)},', body, 1)
-                    changed.append("ROW_NUM_WARPS")
-                if stages:
-                    body = f'"num_stages": {int(stages)}, ' + body
-                    changed.append("NUM_STAGES")
-                lines[i] = f"    return {{{body}}}  # tuned\n"
+            if stages:
+                rest = line.strip()[len("return {"):]
+                lines[i] = f'    return {{"num_stages": {int(stages)}, {rest}  # tuned\n'
+                changed.append("NUM_STAGES")
             in_row_launch = False
     if changed:
         write_text_atomic(impl_path, "".join(lines))

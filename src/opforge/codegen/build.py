@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from opforge.codegen.emit import emit_module
+from opforge.codegen.emit import MAX_BLOCK_C, emit_module
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
 from opforge.codegen.saved import SavedStats, add_outputs, forward_stats, read_instead
@@ -64,10 +64,7 @@ def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list
 
 def kernels_of(plan) -> list:
     """The kernels of one pass, in launch order."""
-    return list(getattr(plan, "kernels", [plan]))
-
-
-MAX_BLOCK_C = 8192  # the generated impls' default chunk of a row (emit.PREAMBLE): a longer row is looped
+    return list(plan.kernels)
 
 
 def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
@@ -80,8 +77,7 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     for k in kernels_of(plan):
         kernels += 1 + k.column_sums
         if k.meets_at_ticket:
-            reds = getattr(k, "full_reductions", getattr(k, "reductions", []))
-            memsets += 1 + sum(r.kind in ("max", "min") for r in reds)
+            memsets += 1 + sum(r.kind in ("max", "min") for r in k.full_reductions)
         if k.column_sums:
             memsets += _size(k, k.n_cols, subs) > max_block_c
     return {"kernels": kernels, "memsets": memsets}

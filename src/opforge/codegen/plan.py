@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import sympy
 import torch
@@ -79,6 +80,32 @@ class OutArg:
     store: str = "full"  # row kernels: full | row | col | scalar
 
 
+class PassPlan(Protocol):
+    """What every plan of a pass answers: the flat kernel (KernelPlan, below), the row kernel and the chain of
+    row kernels (codegen/rows.py). Emitters, the cost model and the reports read these, never the class."""
+
+    name: str
+    layout: str  # "flat": one range of elements; "rows": rows of columns
+    chained: bool  # several kernels, each handing finished reductions to the next
+    why: list[str]  # what made a chain
+    walks: int  # walks over a row too long for one chunk, all kernels together
+
+    @property
+    def kernels(self) -> list: ...  # in launch order; a one-kernel plan is [itself]
+
+    @property
+    def reduce_kinds(self) -> list[str]: ...  # kinds of its full reductions
+
+    @property
+    def reduces_across_programs(self) -> bool: ...  # programs combine results: column or full reductions
+
+    @property
+    def meets_at_ticket(self) -> bool: ...  # full reductions, finished by the last program
+
+    @property
+    def column_sums(self) -> bool: ...  # column reductions, added up by a second kernel
+
+
 @dataclass
 class KernelPlan:
     name: str
@@ -102,7 +129,19 @@ class KernelPlan:
     def meets_at_ticket(self) -> bool:
         return bool(self.reductions)
 
+    @property
+    def kernels(self) -> list[KernelPlan]:
+        return [self]
+
+    @property
+    def full_reductions(self) -> list[Reduction]:
+        return self.reductions
+
+    layout = "flat"
+    chained = False
     column_sums = False
+    walks = 1  # a flat kernel reads each element once
+    why = ()  # one kernel: nothing to explain
 
 
 def _numel(val) -> sympy.Expr:

@@ -132,6 +132,13 @@ class RowPlan:
         return bool(self.col_reductions)
 
     @property
+    def kernels(self) -> list[RowPlan]:
+        return [self]
+
+    chained = False
+    why = ()  # one kernel: nothing to explain
+
+    @property
     def meets_at_ticket(self) -> bool:
         """Full reductions: the last program to take the ticket finishes them (column sums have a kernel)."""
         return bool(self.full_reductions)
@@ -517,6 +524,11 @@ class ChainPlan:
     dims: dict = field(default_factory=dict)
 
     layout = "rows"
+    chained = True
+
+    @property
+    def walks(self) -> int:
+        return sum(k.walks for k in self.kernels)
 
     @property
     def inputs(self):
@@ -632,15 +644,15 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
         if first is None:  # the ready cuts may need splits of their own
             first = plan_chain(f"{name}_a", with_outputs(gm, exc.cut), input_names,
                                list(zip(temps, range(len(temps)))), {}, sym_names, depth + 1)
-        last_k = first.kernels[-1] if isinstance(first, ChainPlan) else first
+        last_k = first.kernels[-1]
         for o, kind in zip(last_k.outputs, exc.kinds):  # allocated as handed over, not at the broadcast shape
             o.shape = _handed_shape(o.shape, kind)
         rest = plan_chain(f"{name}_b", cut_at(gm, exc.cut, temps, exc.kinds), input_names + temps, outputs,
                           output_like, sym_names, depth + 1)
         parts = [first, rest]
-        kernels = [k for p in parts for k in (p.kernels if isinstance(p, ChainPlan) else [p])]
-        why = [w for p in parts for w in (p.why if isinstance(p, ChainPlan) else [])]
+        kernels = [k for p in parts for k in p.kernels]
+        why = [w for p in parts for w in p.why]
         why.insert(0, f"{reason}: kernel {first.name} finishes {'it' if len(exc.cut) == 1 else 'them'}, "
                       f"then {rest.name} reads {', '.join(temps)}")
-        subtemps = [t for p in parts if isinstance(p, ChainPlan) for t in p.temps]
+        subtemps = [t for p in parts if p.chained for t in p.temps]
         return ChainPlan(name, kernels, why, temps + subtemps)

@@ -70,7 +70,7 @@ def _chain_bytes(plan, gm, req, binding, eb: int) -> int:
 
 
 def _bytes(plan, gm, req, binding, wanted, n_inputs, eb) -> int:
-    if hasattr(plan, "kernels"):
+    if plan.chained:
         return _chain_bytes(plan, gm, req, binding, eb)
     return _pass_bytes(gm, req, binding, wanted, n_inputs, eb)
 
@@ -105,16 +105,16 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                 if p in row:
                     row[p]["arithmetic_intensity"] = round(row[p]["flops"] / max(1, row[p]["fused_bytes"]), 3)
                     plan = build.forward if p == "forward" else build.backward
-                    row[p]["row_passes"] = sum(getattr(k, "walks", 1) for k in kernels_of(plan))
+                    row[p]["row_passes"] = plan.walks
             rows.append(row)
     return rows
 
 
 def _layout_notes(build) -> list[str]:
     """Constraints and tiling, as the planner chose them for this request."""
-    rows = [k for p in (build.forward, build.backward) if p is not None and getattr(p, "layout", "") == "rows"
+    rows = [k for p in (build.forward, build.backward) if p is not None and p.layout == "rows"
             for k in kernels_of(p)]
-    why = [w for p in (build.forward, build.backward) if p is not None for w in getattr(p, "why", [])]
+    why = [w for p in (build.forward, build.backward) if p is not None for w in p.why]
     out = ["## Constraints", "",
            "- Shapes are run-time arguments; offsets are int64, so tensors past 2³¹ elements index correctly.",
            "- Loads are upcast to float32, stores round to the output dtype (round-to-nearest-even).",
@@ -133,7 +133,7 @@ def _layout_notes(build) -> list[str]:
         out.append(f"- {p.name}: iteration space {p.n_rows} rows × {p.n_cols} columns; inputs {maps}; "
                    f"{p.phases} row-reduction phase(s).")
     out += ["", "## Tiling", "",
-            "- Row kernel: a program owns BLOCK_R rows; BLOCK_C = next_pow2(columns) up to 8192, BLOCK_R fills "
+            "- Row kernel: a program owns BLOCK_R rows; BLOCK_C = next_pow2(columns) up to 65536, BLOCK_R fills "
             "4096 elements. Short rows are processed many per program.",
             "- A row that fits one chunk is persistent: each input is read once and reduced in registers, so the "
             "minimum bytes below are what the kernel moves. A longer row is walked once per phase (plus the final "

@@ -16,7 +16,7 @@ from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 
 def plan_summary(plan: KernelPlan | RowPlan) -> dict:
-    if getattr(plan, "layout", "flat") == "rows":
+    if plan.layout == "rows":
         return _row_summary(plan)
     return {
         "kernel": plan.name,
@@ -105,8 +105,8 @@ def _kernel_md(plan) -> list[str]:
 
 
 def _tiling(plan) -> dict:
-    if getattr(plan, "layout", "flat") == "rows":
-        return {"layout": "rows", "grid": "cdiv(n_rows, BLOCK_R)", "BLOCK_C": "min(next_pow2(n_cols), 8192)",
+    if plan.layout == "rows":
+        return {"layout": "rows", "grid": "cdiv(n_rows, BLOCK_R)", "BLOCK_C": "min(next_pow2(n_cols), 65536)",
                 "BLOCK_R": "max(1, TILE // BLOCK_C)", "TILE": 4096, "num_warps": 4}
     return {"layout": "flat", "BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)"}
 
@@ -145,7 +145,7 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     eager = eager_cost(req, binding, dtype)
     design = {"op_name": req.name, "kernels": [plan_summary(k) for p in passes for k in kernels_of(p)],
               "eager_kernels_replaced": {p: e["kernels"] for p, e in eager.items()},
-              "why_more_kernels": [w for p in passes for w in getattr(p, "why", [])],
+              "why_more_kernels": [w for p in passes for w in p.why],
               "tiling": _tiling(build.forward),
               "verification": {"level0": l0, "level1": l1}}
     lines = [f"# Design: {req.name}", "", "## Compute graph", "",
@@ -161,7 +161,7 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     for p in passes:
         for k in kernels_of(p):
             lines += _kernel_md(k)
-        if getattr(p, "why", None):
+        if p.why:
             lines += [f"The {p.name} pass takes {len(p.kernels)} kernels: a value needs finished reductions for "
                       "every row, so they are finished first and handed over in float32 buffers.", "",
                       *[f"- {w}" for w in p.why], ""]
@@ -174,7 +174,7 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     lines += ["## Tiling and loops", ""]
     if design["tiling"]["layout"] == "rows":
         lines += ["- 1-D grid of `cdiv(n_rows, BLOCK_R)` programs. A chunk is BLOCK_R × BLOCK_C elements: "
-                  "BLOCK_C = next_pow2(n_cols) up to 8192 columns, BLOCK_R fills 4096 elements, so short rows "
+                  "BLOCK_C = next_pow2(n_cols) up to 65536 columns, BLOCK_R fills 4096 elements, so short rows "
                   "are processed many at a time. The interpreter runs these sizes too; the tests give it larger "
                   "ones on large shapes only, for speed.",
                   "- PERSISTENT (n_cols ≤ BLOCK_C): no loop; every input is loaded once and every reduction "
