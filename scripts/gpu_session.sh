@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a short session on a CUDA GPU should check, in order of what it proves:
-#   1. every catalog kernel on the device against float64 (the CPU runs them only in Triton's interpreter);
+#   1. every catalog kernel on the device against float64 (the CPU runs them only in Triton's interpreter),
+#      column sums over the device's SM count, and inputs with leading dimensions;
 #   2. the catalog benchmark: fused kernels against eager and torch.compile, and the copy ceiling, in one run
 #      (scripts/bench_catalog.sh: docs/benchmarks/<date>-<device>.md and .json).
 # Usage: bash scripts/gpu_session.sh [options for `opforge bench catalog`, e.g. --baselines eager,compile_default]
@@ -9,5 +10,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OPFORGE_TEST_DEVICE=cuda TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/test_catalog.py \
-  -k matches_float64
+  -k "matches_float64 or leading_dimensions"
 bash scripts/bench_catalog.sh "$@"

@@ -299,7 +299,7 @@ def test_catalog_op_takes_leading_dimensions_where_its_reference_does(built, nam
     gen = torch.Generator().manual_seed(17)
     a, b = _inputs(req, binding, torch.float32, gen), _inputs(req, binding, torch.float32, gen)
     leads = [bool(s.shape) and s.shape[0] == rows for s in req.inputs]
-    stacked = [torch.stack([x, y]) if lead else x for x, y, lead in zip(a, b, leads)]
+    stacked = [(torch.stack([x, y]) if lead else x).to(DEVICE) for x, y, lead in zip(a, b, leads)]
     if name in DECLARED_RANK_ONLY:
         with pytest.raises(ValueError, match="expected"):
             getattr(impl, name)(*stacked)
@@ -311,7 +311,7 @@ def test_catalog_op_takes_leading_dimensions_where_its_reference_does(built, nam
         out = getattr(impl, name)(*ins)
         outs = out if isinstance(out, tuple) else (out,)
         gen_g = torch.Generator().manual_seed(3)
-        grads_out = [torch.randn(o.shape, generator=gen_g) for o in outs]
+        grads_out = [torch.randn(o.shape, generator=gen_g).to(DEVICE) for o in outs]
         wrt = [t for t in ins if t.requires_grad]
         results.append((outs, torch.autograd.grad(outs, wrt, grads_out)))
     (outs3, grads3), (outs2, grads2) = results
