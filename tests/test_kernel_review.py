@@ -111,12 +111,14 @@ def test_full_max_and_min_keep_nan_across_programs(absmax, deterministic, monkey
 
 
 class _LaunchSpy:
+    """Forwards one kernel's launches, recording each one's grid, its tensors' sizes and its constexprs."""
+
     def __init__(self, kernel):
-        self.kernel, self.deterministic = kernel, []
+        self.kernel, self.launches = kernel, []
 
     def __getitem__(self, grid):
         def call(*args, **kwargs):
-            self.deterministic.append(kwargs["DETERMINISTIC"])
+            self.launches.append((grid, [a.numel() for a in args if isinstance(a, torch.Tensor)], kwargs))
             return self.kernel[grid](*args, **kwargs)
         return call
 
@@ -127,7 +129,7 @@ def test_forward_passes_deterministic_to_its_kernel(absmax, monkeypatch):
     x = torch.randn(4, 5)
     absmax.absmax(x)
     absmax.absmax(x, deterministic=True)
-    assert spy.deterministic == [False, True]
+    assert [kw["DETERMINISTIC"] for _, _, kw in spy.launches] == [False, True]
 
 
 @pytest.mark.parametrize("looped", [False, True])
@@ -183,19 +185,6 @@ def test_float_to_int_cast_truncates_toward_zero(tmp_path):
     assert torch.equal(got.detach(), x * 2 + (x.to(torch.int32).float() - x))
 
 
-class _GridSpy:
-    """Records each launch's grid and the numel of its tensor arguments."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def call(*args, **kwargs):
-            self.launches.append((grid, [a.numel() for a in args if isinstance(a, torch.Tensor)], kwargs))
-            return self.kernel[grid](*args, **kwargs)
-        return call
-
-
 @pytest.fixture(scope="module")
 def layer_norm(tmp_path_factory):
     req = load_request(ROOT / "examples" / "layer_norm")
@@ -213,7 +202,7 @@ def test_column_sums_run_one_program_per_sm_and_a_second_kernel_adds_their_rows(
     monkeypatch.setattr(impl, "PARTIAL_ROWS", 2)  # 5 partial rows: 3 steps, the last one masked
     if looped:
         monkeypatch.setattr(impl, "MAX_BLOCK_C", 4)
-    rows, cols = _GridSpy(impl._layer_norm_backward_kernel), _GridSpy(impl._layer_norm_backward_column_sums)
+    rows, cols = _LaunchSpy(impl._layer_norm_backward_kernel), _LaunchSpy(impl._layer_norm_backward_column_sums)
     monkeypatch.setattr(impl, "_layer_norm_backward_kernel", rows)
     monkeypatch.setattr(impl, "_layer_norm_backward_column_sums", cols)
     gen = torch.Generator().manual_seed(7)

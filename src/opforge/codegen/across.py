@@ -71,15 +71,15 @@ def _kind(r) -> str:
     return "sum" if r.kind == "mean" else r.kind
 
 
-def _nan_slots(reds: list, n: int) -> dict:
-    """Reduction name -> its NaN count's slot in the accumulators: after the n reductions' own slots."""
-    return {r.name: n + j for j, r in enumerate(r for r in reds if _kind(r) in ("max", "min"))}
+def _nan_slots(reds: list) -> dict:
+    """Reduction name -> its NaN count's slot in the accumulators: after the reductions' own slots."""
+    return {r.name: len(reds) + j for j, r in enumerate(r for r in reds if _kind(r) in ("max", "min"))}
 
 
-def meet(reds: list, n: int, pad: str) -> list[str]:
+def meet(reds: list, pad: str) -> list[str]:
     """Each program's share (`<name>_part`) of every full reduction, stored or added, then the ticket: an `if`
     at `pad` whose body is the last program's."""
-    nans = _nan_slots(reds, n)
+    n, nans = len(reds), _nan_slots(reds)
     out = []
     if reds:
         out += [f"{pad}# Across programs: atomics into acc, or (DETERMINISTIC) one partial per program, summed in",
@@ -95,11 +95,11 @@ def meet(reds: list, n: int, pad: str) -> list[str]:
     return out + [f"{pad}if _last_program(ticket_ptr):"]
 
 
-def finish(reds: list, n: int, pad: str, count) -> list[str]:
+def finish(reds: list, pad: str, count) -> list[str]:
     """In the last program: each full reduction's value (`count(r)`: the elements a mean divides by)."""
     if not reds:
         return []
-    nans = _nan_slots(reds, n)
+    n, nans = len(reds), _nan_slots(reds)
     out = [f"{pad}if DETERMINISTIC:"]
     out += [f"{pad}    {r.name} = _{_kind(r)}_partials(partials_ptr + {r.slot}, {n}, tl.num_programs(0), RBLOCK)"
             for r in reds]
@@ -114,19 +114,19 @@ def finish(reds: list, n: int, pad: str, count) -> list[str]:
     return out
 
 
-def launch_setup(blocks: str, reds: list | None, dev: str) -> list[str]:
-    """A launcher's grid over `blocks` and, for a kernel whose programs meet at a ticket (`reds`: its full
-    reductions; None when they do not meet), the grid capped at MAX_PROGRAMS and the buffers, laid out as meet()
-    and finish() read them. Nothing is copied from the host (a copy would also break CUDA-graph capture) and
+def launch_setup(blocks: str, reds: list, dev: str, cap: str | None = None) -> list[str]:
+    """A launcher's grid over `blocks`, capped at `cap` programs for a kernel whose programs each walk several
+    blocks, and, for one whose programs meet at a ticket (`reds`: its full reductions), the buffers, laid out
+    as meet() and finish() read them. Nothing is copied from the host (a copy would also break CUDA-graph capture) and
     nothing unused is allocated: one zeroed int32 buffer holds the ticket and, for atomics, the float32
     accumulators (zero bits are 0.0; each max or min slot is then filled with its identity, and a zero NaN count
     follows each); ordered partials need no initial value."""
-    if reds is None:
-        return [f"    grid = (max(1, {blocks}),)"]
+    out = [f"    grid = (max(1, min({blocks}, {cap})),)" if cap else f"    grid = (max(1, {blocks}),)"]
+    if not reds:
+        return out
     kinds = [_kind(r) for r in reds]
     n_acc = len(kinds) + sum(k in ("max", "min") for k in kinds)
-    out = [f"    grid = (max(1, min({blocks}, MAX_PROGRAMS)),)",
-           "    ordered = deterministic or ORDERED_PARTIALS",
+    out += ["    ordered = deterministic or ORDERED_PARTIALS",
            f"    workspace = torch.zeros(1 if ordered else {n_acc + 1}, dtype=torch.int32, device={dev})",
            "    acc, ticket = workspace[:-1].view(torch.float32), workspace[-1:]"]
     fills = [(i, REDUCE_IDENTITY[k]) for i, k in enumerate(kinds) if k in ("max", "min")]

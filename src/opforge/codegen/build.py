@@ -117,19 +117,27 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
 def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
     check_size_relations(req, traced)
-    fwd = plan_pass(req, "forward", traced.forward, traced.input_names,
-                    [(n, i) for i, n in enumerate(traced.output_names)], traced.output_like)
-    bwd = None
-    if traced.joint is not None:
-        n_out = len(traced.output_names)
-        grad_names = [f"grad_{g}" for g in traced.grad_inputs]
-        like = {g: g[len("grad_"):] for g in grad_names}
-        bwd = plan_pass(req, "backward", traced.joint, traced.input_names + [f"grad_{o}" for o in traced.output_names],
-                        [(g, n_out + k) for k, g in enumerate(grad_names)], like)
+    fwd = _plan_forward(req, traced, traced.forward)
+    bwd = _plan_backward(req, traced, traced.joint) if traced.joint is not None else None
     build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
     if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
         _save_stats(req, build)
     return build
+
+
+def _plan_forward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[str] = ()):
+    """The forward pass of `gm`: the op's outputs, then any statistics it saves for the backward."""
+    names = t.output_names + list(saved)
+    return plan_pass(req, "forward", gm, t.input_names, [(n, i) for i, n in enumerate(names)],
+                     {**t.output_like, **dict.fromkeys(saved)})
+
+
+def _plan_backward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[str] = ()):
+    """The backward pass of the joint graph `gm`: inputs, upstream gradients, then any saved statistics."""
+    n_out = len(t.output_names)
+    grad_names = [f"grad_{g}" for g in t.grad_inputs]
+    return plan_pass(req, "backward", gm, t.input_names + [f"grad_{o}" for o in t.output_names] + list(saved),
+                     [(g, n_out + k) for k, g in enumerate(grad_names)], {g: g[len("grad_"):] for g in grad_names})
 
 
 def _save_stats(req: Request, build: Build) -> None:
@@ -140,15 +148,9 @@ def _save_stats(req: Request, build: Build) -> None:
     if not stats:
         return
     names = [f"saved_{f.name}" for _, f in stats]
-    n_out = len(t.output_names)
     try:
-        fwd2 = plan_pass(req, "forward", add_outputs(t.forward, [f for _, f in stats]), t.input_names,
-                         [(n, i) for i, n in enumerate(t.output_names + names)],
-                         {**t.output_like, **dict.fromkeys(names)})
-        grad_names = [f"grad_{g}" for g in t.grad_inputs]
-        bwd2 = plan_pass(req, "backward", read_instead(t.joint, [b for b, _ in stats], names),
-                         t.input_names + [f"grad_{o}" for o in t.output_names] + names,
-                         [(g, n_out + k) for k, g in enumerate(grad_names)], {g: g[len("grad_"):] for g in grad_names})
+        fwd2 = _plan_forward(req, t, add_outputs(t.forward, [f for _, f in stats]), names)
+        bwd2 = _plan_backward(req, t, read_instead(t.joint, [b for b, _ in stats], names), names)
     except Unsupported:
         return
     if not (isinstance(fwd2, RowPlan) and isinstance(bwd2, RowPlan)):
@@ -160,7 +162,7 @@ def _save_stats(req: Request, build: Build) -> None:
     per_walk = sum(n_rows * n_cols * eb for a in bwd.inputs if a.full)
     looped = n_cols > MAX_BLOCK_C
     gain = (bwd.walks - bwd2.walks) * per_walk * looped - 2 * 4 * n_rows * len(stats)
-    build.saved = SavedStats(names, [f for _, f in stats], [b for b, _ in stats], gain, (bwd.walks, bwd2.walks))
+    build.saved = SavedStats(names, gain, (bwd.walks, bwd2.walks))
     if gain > 0:
         build.forward, build.backward = fwd2, bwd2
 

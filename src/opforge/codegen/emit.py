@@ -16,7 +16,7 @@ from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.pretty import wrap_source
-from opforge.codegen.symbolic import atoms, divisibility_checks, pysrc
+from opforge.codegen.symbolic import atoms, divisibility_checks, multiple_check, pysrc
 
 # The longest row a row kernel keeps in registers, as Liger's kernels do (`opforge bench compile` shows the
 # registers and spills of each kernel at such rows).
@@ -159,9 +159,8 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
     for r in plan.reductions:
         b(f"    {r.name}_part = {r.name}_run")
     if red:
-        n = len(plan.reductions)
-        lines += meet(plan.reductions, n, "    ")
-        lines += finish(plan.reductions, n, "        ", lambda r: "n_elements.to(tl.float32)")
+        lines += meet(plan.reductions, "    ")
+        lines += finish(plan.reductions, "        ", lambda r: "n_elements.to(tl.float32)")
         for s in plan.epilogue:
             b(f"        {s.target} = {s.expr}  # {s.comment}")
         for o in plan.outputs:
@@ -195,8 +194,8 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     for o in plan.outputs:
         dtype = f"{o.like}.dtype" if o.like else "torch.float32"
         b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
-    out += launch_setup("triton.cdiv(n_elements, BLOCK)", plan.reductions if plan.reduces_across_programs else None,
-                        dev)
+    out += launch_setup("triton.cdiv(n_elements, BLOCK)", plan.reductions, dev,
+                        "MAX_PROGRAMS" if plan.reductions else None)
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     extra = ""
     if plan.reduces_across_programs:
@@ -281,10 +280,9 @@ def _rows_in(leading: dict | None) -> str:
         return f"    {names[0]}, lead = _rows_view({names[0]}, {leading['inputs'][names[0]]})\n"
     out = "".join(f"    {n}, {n}_lead = _rows_view({n}, {r})\n" for n, r in leading["inputs"].items())
     out += f"    lead = {names[0]}_lead\n"
-    if len(names) > 1:
-        same = " or ".join(f"{n}_lead != lead" for n in names[1:])
-        out += (f"    if {same}:\n        raise ValueError(\"{', '.join(names)}: leading dimensions differ: \"\n"
-                f"                         f\"{'; '.join(f'{{{n}_lead}}' for n in names)}\")\n")
+    same = " or ".join(f"{n}_lead != lead" for n in names[1:])
+    out += (f"    if {same}:\n        raise ValueError(\"{', '.join(names)}: leading dimensions differ: \"\n"
+            f"                         f\"{'; '.join(f'{{{n}_lead}}' for n in names)}\")\n")
     return out
 
 
@@ -351,8 +349,7 @@ def _fake_outputs(outputs, size_names: dict, dims: dict, ref: str) -> tuple[list
         lines.append(f"    {name} = {src}")
         if " // " in src:  # the launchers' _expect_shape refuses a width that is not a multiple
             dim, div = src.split(" // ")
-            lines += [f"    if {dim} % {div}:",
-                      f'        raise ValueError(f"{dim}: expected a multiple of {div}, got {{{dim}}}")']
+            lines += multiple_check(dim, div)
     return outs, lines + checks
 
 

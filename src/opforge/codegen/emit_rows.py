@@ -531,7 +531,7 @@ def _cross_program(plan: RowPlan) -> list[str]:
     e = _Emitter(plan)
     epi = _Block(2, False)
     e.head = e.pre = epi  # scalars are recomputed here: they may not have been needed before
-    out = meet(full, len(full), "    ") + finish(full, len(full), "        ", lambda r: f"({r.count}) * 1.0")
+    out = meet(full, "    ") + finish(full, "        ", lambda r: f"({r.count}) * 1.0")
     for r in full:
         e.rowvals[r.node] = r.name
     stores = []
@@ -589,15 +589,13 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
     full, n_col = plan.full_reductions, len(plan.col_reductions)
     blocks = "triton.cdiv(n_rows, BLOCK_R)"
-    if n_col:  # about one program per SM, each writing one row of partials per column reduction
-        b(f"    grid = (max(1, min({blocks}, _num_sms({dev}))),)")
+    # column sums: about one program per SM, each writing one row of partials per column reduction
+    out += launch_setup(blocks, full, dev, f"_num_sms({dev})" if n_col else "MAX_PROGRAMS" if full else None)
+    if n_col:
         rows_of_parts = f"grid[0] * {n_col}" if n_col > 1 else "grid[0]"
         b("    # persistent rows store their partial rows once; looped ones add to them chunk by chunk, from zero")
         b(f"    colpart = (torch.empty if BLOCK_C >= n_cols else torch.zeros)({rows_of_parts} * n_cols, "
           f"dtype=torch.float32, device={dev})")
-        out += launch_setup(blocks, full, dev)[1:] if full else []
-    else:
-        out += launch_setup(blocks, full or None, dev)
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs if o.store != "col"]
     args += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided]
     args += ["colpart"] if n_col else []

@@ -21,8 +21,6 @@ from opforge.codegen.rows import RowPlan, cut_at
 @dataclass
 class SavedStats:
     names: list[str]  # the backward's extra inputs, the forward's extra outputs, in order
-    forward_nodes: list  # where the forward graph computes them
-    backward_nodes: list  # where the backward graph recomputed them
     bytes_saved: int  # at the deciding shape: recomputation's extra walks, less the stats written and read
     walks: tuple[int, int]  # the backward's looped walks: recomputing, with the stats saved
 

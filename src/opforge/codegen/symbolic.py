@@ -155,10 +155,15 @@ def divisibility_checks(exprs, names: dict, indent: str = "    ") -> list[str]:
     refuses too: without them the op would cut the rows into other groups."""
     lines = []
     for a, c in group_divisions(exprs, names):
-        lines += [f"{indent}if ({a}) % {c}:",
-                  f'{indent}    raise ValueError(f"{a}: expected a multiple of {c} (the reference cuts it into groups '
-                  f'of {c}), got {{{a}}}")']
+        lines += multiple_check(f"({a})", c, f" (the reference cuts it into groups of {c})", indent)
     return lines
+
+
+def multiple_check(size: str, c, why: str = "", indent: str = "    ") -> list[str]:
+    """Generated lines raising a one-line ValueError unless `size` (Python source) is a multiple of `c`."""
+    name = size[1:-1] if size.startswith("(") and size.endswith(")") else size
+    return [f"{indent}if {size} % {c}:",
+            f'{indent}    raise ValueError(f"{name}: expected a multiple of {c}{why}, got {{{name}}}")']
 
 
 def graph_shapes(gm: torch.fx.GraphModule) -> list[sympy.Expr]:

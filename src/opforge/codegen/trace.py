@@ -253,5 +253,5 @@ def leading_dimensions(req: Request, fn, binding: dict) -> dict | None:
         if not torch.allclose(g.reshape(w.shape), w, rtol=1e-12, atol=0.0, equal_nan=True):
             return None
         row_outputs.append(has_rows)
-    return {"inputs": {name: len(s.shape) for s in req.inputs for name in [s.name] if name in leads},
+    return {"inputs": {s.name: len(s.shape) for s in req.inputs if s.name in leads},
             "outputs": row_outputs}
