@@ -82,6 +82,25 @@ def test_a_kernel_only_the_interpreter_accepts_fails_to_compile(tmp_path, monkey
     assert bwd["kernel"] == "_cross_entropy_backward_kernel" and "error" not in bwd and bwd["registers"] > 0
 
 
+def test_rows_shared_by_programs_compile_for_sm90(tmp_path):
+    """ROW_SPLIT, the option for few long rows (a tuned knob, 1 by default): both kernels of softmax's shared
+    rows compile for the GPU target without spills, on a 2-D grid of row blocks by programs per row."""
+    req = load_request(ROOT / "examples" / "softmax")
+    src = generate_impl(req, plan_request(req))
+    assert src.count("\nROW_SPLIT = 1\n") == 1
+    impl = tmp_path / "softmax_impl.py"
+    impl.write_text(src.replace("\nROW_SPLIT = 1\n", "\nROW_SPLIT = 4\n"))
+    r = _bench_compile("--request", str(ROOT / "examples" / "softmax"), "--impl", str(impl), "--elements", "0",
+                       "--json", "-")
+    assert r.returncode == 0, r.stderr[-2000:]
+    builds = json.loads(r.stdout)["ops"][0]["builds"]
+    assert [(b["pass"], b["kernel"]) for b in builds] == [
+        ("forward", "_softmax_forward_split_stats_kernel"), ("forward", "_softmax_forward_split_kernel"),
+        ("backward", "_softmax_backward_kernel")]  # the backward's second sum needs the first: one program a row
+    for b in builds[:2]:
+        assert b["grid"] == [512, 4] and b["spill_bytes"] == 0 and 0 < b["registers"] <= 255, b
+
+
 TWICE_REQUEST = """\
 name: twice
 description: Twice the input

@@ -12,7 +12,16 @@ import torch
 
 from opforge.bench.harness import StaleOutputError, WallClock, measure, outputs_mismatch
 from opforge.bench.opbench import OpCase, bench_case, figures
-from opforge.bench.tuning import apply_config, autotune, current_config, neighbours, write_back
+from opforge.bench.tuning import (
+    apply_config,
+    autotune,
+    current_config,
+    launch_keys,
+    neighbours,
+    tuned_entry,
+    write_back,
+    write_tuned,
+)
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.trace import trace_request
 from opforge.request import load_request
@@ -84,7 +93,10 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
     case = _case(req)
     ref = case.reference(req.load_reference(), False)
     call = case.forward(impl.rms_norm)
-    start = current_config(impl)
+    keys = launch_keys(impl, lambda: call(case.inputs(0)))
+    assert keys == [(8, 64)]  # the forward's one row launch: 8 rows of 64 columns
+    start = current_config(impl, keys)
+    assert "BLOCK" not in start and start["ROW_NUM_WARPS"] is None  # only what a row launch reads is searched
     verified = []
 
     def timed():
@@ -93,32 +105,67 @@ def test_autotune_verifies_each_candidate_and_writes_back(rms, tmp_path):
         return 1.0
 
     def verify():
-        cfg = current_config(impl)
+        cfg = current_config(impl, keys)
         verified.append(cfg)
-        if impl.TILE > start["TILE"]:  # a planted precision failure for wider tiles
+        if impl._knobs(8, 64)["TILE"] > start["TILE"]:  # a planted precision failure for wider tiles
             return "precision: planted failure"
         ins = case.inputs(777)
         return outputs_mismatch(call(ins), ref(ins), 1e-5)
     try:
-        res = autotune(impl, timed, verify)
+        res = autotune(impl, timed, verify, keys=keys)
         assert 1 <= len(res["history"]) <= 10
         assert len(verified) == len(res["history"])  # every candidate verified before its time counted
         rejected = [h for h in res["history"] if h["status"] == "rejected"]
         assert rejected and all("ms" not in h for h in rejected)
         assert res["best"]["TILE"] <= start["TILE"]
         assert res["stop"] in ("3 rounds without gain", "10 rounds", "search space exhausted")
-        assert current_config(impl) == res["best"]
+        assert current_config(impl, keys) == res["best"]
+        assert impl.TILE == start["TILE"]  # the module's values, which other sizes run, never moved
         # the target stops the search before any round
-        assert autotune(impl, timed, verify, target_ms=1e9)["history"] == []
+        assert autotune(impl, timed, verify, keys=keys, target_ms=1e9)["history"] == []
     finally:
-        apply_config(impl, start)
+        impl.TUNED = {}
     copy = tmp_path / "impl.py"
     copy.write_text(path.read_text())
-    changed = write_back(copy, {"NUM_WARPS": 8, "ROW_NUM_WARPS": 16})
-    assert set(changed) == {"NUM_WARPS", "ROW_NUM_WARPS"}
+    assert write_back(copy, {"NUM_WARPS": 8}) == ["NUM_WARPS"]  # an impl without a table: module values
+    assert "\nNUM_WARPS = 8\n" in copy.read_text()
+
+
+def test_a_tuned_size_leaves_every_other_size_alone(rms, tmp_path):
+    """A config tuned at one shape is written for that shape's launch sizes only: another row length (and
+    another row count) still runs the defaults, and a re-tune of the same size replaces its entry."""
+    req, impl, path = rms
+    copy = tmp_path / "rms_norm_tuned_impl.py"
+    copy.write_text(path.read_text())
+    entry = tuned_entry(impl, {"TILE": 256, "MAX_BLOCK_C": impl.MAX_BLOCK_C, "ROW_NUM_WARPS": 16,
+                               "NUM_STAGES": None})
+    assert entry == {"TILE": 256, "ROW_NUM_WARPS": 16}  # what differs from the defaults
+    assert write_tuned(copy, {(8, 64): entry, (2048, 4096): {"NUM_STAGES": 2}}) == ["(8, 64)", "(2048, 4096)"]
+    assert write_tuned(copy, {(2048, 4096): {"NUM_STAGES": 2}}) == []  # unchanged: nothing written
+    assert write_tuned(copy, {(2048, 4096): {}}) == ["(2048, 4096)"]  # back to the defaults: entry dropped
     text = copy.read_text()
-    assert "\nNUM_WARPS = 8\n" in text and "\n    warps = 16  # tuned\n" in text
-    compile(text, str(copy), "exec")
+    assert "TUNED: dict[tuple, dict] = {\n    (8, 64): {'TILE': 256, 'ROW_NUM_WARPS': 16},\n}\n" in text
+    tuned = load_module(copy, "bench_rms_norm_tuned_impl")
+    assert tuned._knobs(8, 64)["TILE"] == 256 and tuned._knobs(5, 40)["TILE"] == 256  # same powers of two
+    assert tuned._knobs(8, 128)["TILE"] == tuned._knobs(16, 64)["TILE"] == 4096  # other sizes: the defaults
+    assert tuned._row_launch(4096, tuned._knobs(8, 64)) == {}  # the interpreter takes no launch options
+
+    kernel, block_r = tuned._rms_norm_forward_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                block_r.append(kwargs["BLOCK_R"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+    tuned._rms_norm_forward_kernel = Spy()
+    try:
+        for n in (8, 64):
+            x, w = torch.randn(n, 64), torch.randn(64)
+            torch.testing.assert_close(tuned.rms_norm(x, w), req.load_reference()(x, w, **req.attr_defaults))
+    finally:
+        tuned._rms_norm_forward_kernel = kernel
+    assert block_r == [4, 64]  # 8 rows: the tuned 256-element tile; 64 rows: the default 4096
 
 
 class _LaunchSpy:

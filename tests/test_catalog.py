@@ -167,7 +167,7 @@ def _k(kind, binding, req) -> int:
 # few programs, each walking several blocks (how blocks are shared out does not depend on the dtype)
 CASES = [(n, d, m) for n in CATALOG for d in DTYPES for m in ("persistent", "looped")] + [
     (n, torch.float32, m) for n, (_, _, kind) in CATALOG.items() if kind in ("col", "all")
-    for m in ("strided", "looped-strided")]
+    for m in ("strided", "looped-strided")] + [(n, torch.float32, "split") for n in CATALOG]
 
 
 @pytest.mark.parametrize("name, dtype, mode", CASES, ids=[f"{n}-{d}-{m}" for n, d, m in CASES])
@@ -177,6 +177,11 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
     looped, strided = mode.startswith("looped"), mode.endswith("strided")
     if looped and not rows:
         pytest.skip("flat kernel: it has no rows to walk in chunks")
+    if mode == "split" and not hasattr(impl, "ROW_SPLIT"):
+        pytest.skip("no row kernel whose rows programs may share (reductions in one walk, none across rows)")
+    if mode == "split":  # 4 programs share each row, each walking its span in chunks of 4 columns
+        monkeypatch.setattr(impl, "ROW_SPLIT", 4)
+        monkeypatch.setattr(impl, "MAX_BLOCK_C", 4)
     assert not strided or hasattr(impl, "MAX_PROGRAMS") or hasattr(impl, "_num_sms")
     if looped:  # every row of 5+ columns (strided: 65+) is walked in chunks
         monkeypatch.setattr(impl, "MAX_BLOCK_C", 64 if strided else 4)
@@ -191,7 +196,7 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
     kernel_type = type(next(v for k, v in vars(impl).items() if k.endswith("_kernel")))
     launch = kernel_type.run
     monkeypatch.setattr(kernel_type, "run",
-                        lambda self, *a, grid, **kw: programs.append(grid[0]) or launch(self, *a, grid=grid, **kw))
+                        lambda self, *a, grid, **kw: programs.append(grid) or launch(self, *a, grid=grid, **kw))
     gen = torch.Generator().manual_seed(sum(map(ord, name)) + len(str(dtype)))
     for binding, deterministic in [(b, d) for b in bindings for d in ([False, True] if strided else [False])]:
         ins = _inputs(req, binding, dtype, gen)
@@ -216,7 +221,9 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
             res = compare(a, b, tol, name=n)
             assert res["passed"], f"{name} {dtype} {binding} {n}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
     if mode == "persistent":  # the shipped block sizes, as on a GPU: the larger shape takes several programs
-        assert max(programs) > 1, programs
+        assert max(g[0] for g in programs) > 1, programs
+    if mode == "split":
+        assert any(len(g) == 2 and g[1] == 4 for g in programs), programs
 
 
 def test_impls_run_the_gpus_block_sizes_in_the_interpreter(built):

@@ -147,3 +147,29 @@ def test_a_shift_that_needs_another_reduction_is_not_paired(tmp_path, monkeypatc
     x = torch.randn(SHAPE["N"], SHAPE["M"], generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(op(x.float()).double(), ref(x), rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["lse", "lse_log_softmax", "odd"])
+def test_rows_shared_by_programs_keep_the_values_of_one(tmp_path, monkeypatch, name):
+    """ROW_SPLIT = 4: four programs share each row of 37 columns (spans of 12, 12, 12 and 1, walked in chunks
+    of 4); their maxima and rescaled sums meet in the second kernel as a walk's columns meet, so the values,
+    the inf and the NaN are those of one program walking the row."""
+    req, b = _build(tmp_path, name, CASES[name][0] if name in CASES else ODD)
+    assert b.forward.splits_rows  # (odd's backward reads the saved max and sum: no reduction to share)
+    op, ref = _looped(tmp_path, monkeypatch, name, req, b), req.load_reference()
+    impl = op.__globals__
+    grids = []
+    stats = impl[f"_{name}_forward_split_stats_kernel"]
+    monkeypatch.setitem(impl, f"_{name}_forward_split_stats_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: grids.append(grid) or stats[grid]})())
+    gen = torch.Generator().manual_seed(6)
+    x = _nonfinite_rows(gen)
+    g = torch.randn(ref(x).shape, generator=gen, dtype=torch.float64)
+    one = _run(op, ref, x, g)[0]
+    monkeypatch.setitem(impl, "ROW_SPLIT", 4)
+    (out, gx), (want, want_g) = _run(op, ref, x, g)
+    assert grids == [(6, 4)]  # 11 rows, 2 a program (TILE 8 over chunks of 4): 6 row blocks of 4 programs
+    for a, w, o in ((out, want, one[0]), (gx, want_g, one[1])):
+        _same_nonfinite(a, w)
+        _close_where_finite(a, w)
+        _same_nonfinite(a, o)

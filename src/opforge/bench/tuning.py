@@ -2,9 +2,13 @@
 
 Knobs: BLOCK (elements per program, pointwise), TILE and MAX_BLOCK_C (row kernels' tile and chunk; a row that
 fits one chunk is reduced in registers, a longer one in a loop), NUM_WARPS (pointwise launches), the row
-launches' num_warps / num_stages (through `_row_launch`), and the reduction strategy across programs
+launches' num_warps / num_stages (ROW_NUM_WARPS, NUM_STAGES), and the reduction strategy across programs
 (ORDERED_PARTIALS: same-address atomics, or one partial per program summed in order; MAX_PROGRAMS: the grid of
-such kernels, each program walking several blocks), where the impl has one.
+such kernels, each program walking several blocks), where the impl has one; ROW_SPLIT (programs that share a
+row, for few long rows) where a row kernel allows it.
+A generated impl reads its knobs per launch size (`_knobs(*sizes)`: its TUNED table, else the module values):
+a search then sets, and writes back, the entries of the sizes the measured call launches, so that one shape's
+best config does not become every other shape's.
 A candidate changes one knob of the best config so far, one step of each knob in turn (coordinate search).
 Each candidate is re-verified for precision before its time counts; the search stops after `max_rounds`, after
 `patience` rounds without gain, or at the target.
@@ -12,6 +16,7 @@ Each candidate is re-verified for precision before its time counts; the search s
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Callable
@@ -21,6 +26,7 @@ from opforge.workspace.atomic import write_text_atomic
 SPACE = {
     "TILE": [1024, 2048, 4096, 8192, 16384],
     "MAX_BLOCK_C": [2048, 4096, 8192, 16384, 32768, 65536],
+    "ROW_SPLIT": [1, 2, 4, 8, 16],  # early: within 3 rounds of patience, where few long rows want it
     "BLOCK": [256, 512, 1024, 2048, 4096],
     "NUM_WARPS": [2, 4, 8],
     "ROW_NUM_WARPS": [None, 4, 8, 16],
@@ -28,38 +34,69 @@ SPACE = {
     "ORDERED_PARTIALS": [False, True],
     "MAX_PROGRAMS": [512, 1024, 2048, 4096, 8192],
 }
-PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS")  # module constants
-ROW_KNOBS = ("ROW_NUM_WARPS", "NUM_STAGES")
+# module constants
+PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT")
+# What the launches of one kind read, by the length of their TUNED key: (rows, columns) or (elements,).
+READ_BY = {2: {"TILE", "MAX_BLOCK_C", "ROW_NUM_WARPS", "NUM_STAGES", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT"},
+           1: {"BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS"}}
 
 
-def current_config(module) -> dict:
+class _KeysSeen(dict):
+    """A TUNED table that records the keys the launches look up."""
+
+    def __init__(self, table: dict):
+        super().__init__(table)
+        self.seen: list[tuple] = []
+
+    def get(self, key, default=None):
+        if key not in self.seen:
+            self.seen.append(key)
+        return super().get(key, default)
+
+
+def launch_keys(module, call: Callable[[], object]) -> list[tuple]:
+    """The TUNED keys (sizes as the module rounds them) that the launches of `call()` read: where a config
+    tuned on that call must be written. Empty for a module without a per-size table."""
+    table = getattr(module, "TUNED", None)
+    if not isinstance(table, dict):
+        return []
+    module.TUNED = spy = _KeysSeen(table)
+    try:
+        call()
+    finally:
+        module.TUNED = table
+    return spy.seen
+
+
+def current_config(module, keys: list[tuple] = ()) -> dict:
+    """The knobs the launches at `keys` run with: the module's values, and what TUNED holds for the first key."""
     cfg = {k: getattr(module, k) for k in PLAIN_KNOBS if hasattr(module, k)}
-    if hasattr(module, "_row_launch"):
-        cfg.update(ROW_NUM_WARPS=None, NUM_STAGES=None)
+    if not keys:
+        return cfg
+    read = set().union(*(READ_BY[len(k)] for k in keys))
+    cfg.update(ROW_NUM_WARPS=None, NUM_STAGES=None)  # None: `_row_launch`'s warps by tile, Triton's stages
+    cfg = {k: v for k, v in cfg.items() if k in read}  # a knob no launch of the call reads is not searched
+    cfg.update({k: v for k, v in module.TUNED.get(keys[0], {}).items() if k in cfg})
     return cfg
 
 
-def apply_config(module, cfg: dict) -> None:
-    """Set the knobs on the loaded module; launches read them at call time."""
+def tuned_entry(module, cfg: dict) -> dict:
+    """The knobs of `cfg` that differ from the module's values: a TUNED entry."""
+    return {k: v for k, v in cfg.items() if v is not None and v != getattr(module, k, None)}
+
+
+def apply_config(module, cfg: dict, keys: list[tuple] = ()) -> None:
+    """Set the knobs on the loaded module; launches read them at call time. With `keys`, only the launches at
+    those sizes change (their TUNED entries); the module's values, which every other size runs, stay."""
+    if keys:
+        module.TUNED = {**module.TUNED, **{key: tuned_entry(module, cfg) for key in keys}}
+        return
     for k in PLAIN_KNOBS:
         if k in cfg:
             setattr(module, k, cfg[k])
     launch = getattr(module, "_LAUNCH", None)
     if isinstance(launch, dict) and launch and "NUM_WARPS" in cfg:  # empty under the interpreter
         module._LAUNCH = {**launch, "num_warps": cfg["NUM_WARPS"]}
-    if hasattr(module, "_row_launch"):
-        base = getattr(module, "_opforge_row_launch", module._row_launch)
-        module._opforge_row_launch = base
-        warps, stages = cfg.get("ROW_NUM_WARPS"), cfg.get("NUM_STAGES")
-
-        def row_launch(tile: int, _base=base) -> dict:
-            opts = dict(_base(tile))
-            if opts and warps:
-                opts["num_warps"] = warps
-            if opts and stages:
-                opts["num_stages"] = stages
-            return opts
-        module._row_launch = row_launch
 
 
 def neighbours(cfg: dict) -> list[dict]:
@@ -76,11 +113,14 @@ def neighbours(cfg: dict) -> list[dict]:
     return out
 
 
-def autotune(module, measure: Callable[[], float], verify: Callable[[], str | None], *, target_ms: float | None = None,
-             max_rounds: int = 10, patience: int = 3, on_round: Callable[[dict], None] | None = None) -> dict:
+def autotune(module, measure: Callable[[], float], verify: Callable[[], str | None], *, keys: list[tuple] = (),
+             target_ms: float | None = None, max_rounds: int = 10, patience: int = 3,
+             on_round: Callable[[dict], None] | None = None) -> dict:
     """Coordinate search. `measure()` times the current module config (ms, lower is better); `verify()` returns
-    None when the config passes precision, else why not. Returns {best, best_ms, baseline_ms, history, stop}."""
-    best = current_config(module)
+    None when the config passes precision, else why not. With `keys` (launch_keys of the measured call) each
+    candidate is set as the TUNED entry of those sizes only. Returns {best, best_ms, baseline_ms, history,
+    stop}."""
+    best = current_config(module, keys)
     best_ms = measure()
     baseline_ms = best_ms
     history, tried = [], {_key(best)}
@@ -96,7 +136,7 @@ def autotune(module, measure: Callable[[], float], verify: Callable[[], str | No
             break
         tried.add(_key(cand))
         rounds += 1
-        apply_config(module, cand)
+        apply_config(module, cand, keys)
         rec = {"round": rounds, "config": cand}
         try:
             why = verify()
@@ -122,7 +162,7 @@ def autotune(module, measure: Callable[[], float], verify: Callable[[], str | No
             break
     else:
         stop = f"{max_rounds} rounds"
-    apply_config(module, best)
+    apply_config(module, best, keys)
     return {"best": best, "best_ms": best_ms, "baseline_ms": baseline_ms, "history": history, "stop": stop}
 
 
@@ -143,11 +183,10 @@ def _replace_last_int(expr: str, value: int) -> str:
 
 
 def write_back(impl_path: Path, cfg: dict) -> list[str]:
-    """Write the tuned knobs into the impl file's constant lines (and `_row_launch`'s return); atomic.
-    Returns the names changed."""
+    """Write the tuned knobs into the impl file's constant lines (an impl without a TUNED table: one config for
+    every size); atomic. Returns the names changed."""
     lines = Path(impl_path).read_text().splitlines(keepends=True)
     changed = []
-    in_row_launch = False
     for i, line in enumerate(lines):
         m = _CONST.match(line.rstrip("\n"))
         if m and m["name"] in cfg:
@@ -157,18 +196,31 @@ def write_back(impl_path: Path, cfg: dict) -> list[str]:
             if new != line:
                 lines[i] = new
                 changed.append(m["name"])
-        warps, stages = cfg.get("ROW_NUM_WARPS"), cfg.get("NUM_STAGES")
-        if line.startswith("def _row_launch"):
-            in_row_launch = True
-        elif in_row_launch and line.startswith("    warps = ") and warps:  # the heuristic by tile, tuned away
-            lines[i] = f"    warps = {int(warps)}  # tuned\n"
-            changed.append("ROW_NUM_WARPS")
-        elif in_row_launch and line.startswith("    return {") and '"num_warps"' in line:
-            if stages:
-                rest = line.strip()[len("return {"):]
-                lines[i] = f'    return {{"num_stages": {int(stages)}, {rest}  # tuned\n'
-                changed.append("NUM_STAGES")
-            in_row_launch = False
     if changed:
         write_text_atomic(impl_path, "".join(lines))
+    return changed
+
+
+_TABLE = "TUNED: dict[tuple, dict] = {"
+
+
+def write_tuned(impl_path: Path, entries: dict[tuple, dict]) -> list[str]:
+    """Write tuned entries into the impl file's TUNED table (one line per size; an empty entry, the defaults,
+    removes the size); atomic. Returns the keys changed, as text."""
+    lines = Path(impl_path).read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(_TABLE))
+    end = start if lines[start].rstrip().endswith("}") else next(
+        i for i in range(start, len(lines)) if lines[i].rstrip() == "}")
+    table = ast.literal_eval("".join(lines[start:end + 1]).split("=", 1)[1].strip())
+    changed = [str(k) for k, v in entries.items() if table.get(k, {}) != v]
+    for key, entry in entries.items():
+        if entry:
+            table[key] = entry
+        else:
+            table.pop(key, None)
+    if not changed:
+        return []
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(table.items()))
+    lines[start:end + 1] = [f"{_TABLE}\n{body}}}\n" if table else f"{_TABLE}}}\n"]
+    write_text_atomic(impl_path, "".join(lines))
     return changed

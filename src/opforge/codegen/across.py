@@ -126,7 +126,7 @@ def launch_setup(blocks: str, reds: list, dev: str, cap: str | None = None) -> l
         return out
     kinds = [_kind(r) for r in reds]
     n_acc = len(kinds) + sum(k in ("max", "min") for k in kinds)
-    out += ["    ordered = deterministic or ORDERED_PARTIALS",
+    out += ['    ordered = deterministic or knobs["ORDERED_PARTIALS"]',
            f"    workspace = torch.zeros(1 if ordered else {n_acc + 1}, dtype=torch.int32, device={dev})",
            "    acc, ticket = workspace[:-1].view(torch.float32), workspace[-1:]"]
     fills = [(i, REDUCE_IDENTITY[k]) for i, k in enumerate(kinds) if k in ("max", "min")]

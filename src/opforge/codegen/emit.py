@@ -60,14 +60,30 @@ TILE = int(os.environ.get("OPFORGE_TILE", 4096))  # elements per program and chu
 NUM_WARPS = {num_warps}
 # No FMA contraction: a*b+c must round twice, as PyTorch does, for outputs to match it bit for bit.
 _LAUNCH = {{}} if INTERPRET else {{"num_warps": NUM_WARPS, "enable_fp_fusion": False}}
+# What stage 7 measured fastest on the device, per launch size, as the knobs that differ from the values
+# above. Keyed by the sizes rounded up to powers of two: (rows, columns) for a row kernel, (elements,) for a
+# flat one. A size that was not tuned runs the values above.
+TUNED: dict[tuple, dict] = {{}}
 
 
-def _row_launch(tile: int) -> dict:
-    # wide tiles want more warps, so that a thread holds a few dozen elements of each live value, not hundreds
+def _knobs(*sizes: int) -> dict:
+    key = tuple(triton.next_power_of_2(max(s, 1)) for s in sizes)
+    return {{{defaults}, **TUNED.get(key, {{}})}}
+
+
+def _launch(knobs: dict) -> dict:
+    return {{}} if INTERPRET else {{"num_warps": knobs["NUM_WARPS"], "enable_fp_fusion": False}}
+
+
+def _row_launch(tile: int, knobs: dict) -> dict:
     if INTERPRET:
         return {{}}
+    # wide tiles want more warps, so that a thread holds a few dozen elements of each live value, not hundreds
     warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16 if tile <= 32768 else 32
-    return {{"num_warps": warps, "enable_fp_fusion": False}}
+    opts = {{"num_warps": knobs.get("ROW_NUM_WARPS", warps), "enable_fp_fusion": False}}
+    if "NUM_STAGES" in knobs:
+        opts["num_stages"] = knobs["NUM_STAGES"]
+    return opts
 
 
 # The interpreter's bfloat16 casts truncate and flush subnormals, so there the conversions work on the bits;
@@ -194,15 +210,17 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     for o in plan.outputs:
         dtype = f"{o.like}.dtype" if o.like else "torch.float32"
         b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
+    b("    knobs = _knobs(n_elements)  # tuned for this size, or the defaults")
+    b('    BLOCK = knobs["BLOCK"]')
     out += launch_setup("triton.cdiv(n_elements, BLOCK)", plan.reductions, dev,
-                        "MAX_PROGRAMS" if plan.reductions else None)
+                        'knobs["MAX_PROGRAMS"]' if plan.reductions else None)
     args = [a.name for a in plan.inputs] + [o.name for o in plan.outputs]
     extra = ""
     if plan.reduces_across_programs:
         args += ["acc", "partials", "ticket"]
         extra = ", RBLOCK=RBLOCK, DETERMINISTIC=ordered"
     args += ["n_elements"] + plan.attrs
-    b(f"    {kernel_name(op, plan)}[grid]({', '.join(args)}, BLOCK=BLOCK{extra}, **_LAUNCH)")
+    b(f"    {kernel_name(op, plan)}[grid]({', '.join(args)}, BLOCK=BLOCK{extra}, **_launch(knobs))")
     b(f"    return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})")
     return "\n".join(out) + "\n"
 
@@ -257,6 +275,13 @@ ORDERED_PARTIALS = False
 # Such kernels run at most MAX_PROGRAMS programs, each walking several blocks and combining its results in
 # registers first: atomics and partials then scale with the grid, not with the tensor.
 MAX_PROGRAMS = 2048
+"""
+
+# Only impls with a row kernel that can share a row among programs get the knob.
+SPLIT_KNOB = """\
+# Few long rows (fewer row blocks than the device has SMs) can share each row among ROW_SPLIT programs, whose
+# partial row results meet in a second kernel. 1: one program per row block; the tuner measures the others.
+ROW_SPLIT = 1
 """
 
 
@@ -376,8 +401,12 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
              '"""\n']
     plans = [p for p in (fwd, bwd) if p is not None]
     ordered = any(p.meets_at_ticket for p in plans)
+    split = any(k.layout == "rows" and k.splits_rows for p in plans for k in p.kernels)
+    knobs = ["BLOCK", "TILE", "MAX_BLOCK_C", "NUM_WARPS"] + (["ORDERED_PARTIALS", "MAX_PROGRAMS"] if ordered else [])
+    knobs += ["ROW_SPLIT"] if split else []
     parts.append(PREAMBLE.format(block=block, num_warps=num_warps, max_block_c=MAX_BLOCK_C,
-                                 ordered_knob=ORDERED_KNOB if ordered else ""))
+                                 ordered_knob=(ORDERED_KNOB if ordered else "") + (SPLIT_KNOB if split else ""),
+                                 defaults=", ".join(f'"{k}": {k}' for k in knobs)))
     parts.append(helpers(set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else []), ordered))
     parts.append(COLUMN_SUMS if any(p.column_sums for p in plans) else "")
     parts.append(ROWS_VIEW if leading else "")

@@ -239,12 +239,16 @@ def _mask(e: _Emitter, i) -> str:
     return " & ".join(parts) or "True"
 
 
-def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]:
+def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None) -> tuple[_Emitter, list]:
     """The work of one program on its rows, at indentation `ind`.
 
     persistent: the row fits one chunk, so every value is loaded and computed once and reductions reduce
     registers. Otherwise each phase walks the row in chunks, accumulating, and values are recomputed from
     the inputs in every walk that needs them.
+    split (a plan that `splits_rows`; SPLIT programs share a row, each walking its SPAN columns c_lo..c_hi):
+    "stats" walks once and stores the program's partial row results; "main" loads the SPLIT partials of its
+    rows in place of the walk's column accumulators, so that the walk's own finish combines them, then walks
+    its columns again to store.
     """
     e = _Emitter(plan)
     pad = "    " * ind
@@ -258,7 +262,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
 
     def walk(inits, body, after):
         blocks.append(inits)
-        blocks.append([f"{pad}for c0 in range(0, n_cols, BLOCK_C):",
+        blocks.append([f"{pad}for c0 in range({'c_lo, c_hi' if split else '0, n_cols'}, BLOCK_C):",
                        f"{pad}    cols = c0 + tl.arange(0, BLOCK_C)[None, :]  # a chunk of the row"])
         blocks.append(body)
         blocks.append(after)
@@ -275,11 +279,20 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
             blocks.append(e.pre)
         body = one or _Block(ind + 1, True)
         inits, after = [], []
+        parts = []  # split: (accumulator, this program's partial row result, identity) per reduction
         for r in todo:
             si = plan.info[r.source]
             if r.online and not persistent:
-                _online_sum(e, plan, r, body, inits, after, pad)
+                mx, inf = f"{r.online.name}_acc", "float('inf')"
+                ninf = _online_sum(e, plan, r, body, inits, [] if split == "stats" else after, pad)
+                if split == "stats":  # the columns' sums rescaled to this program's max, as the finish rescales
+                    after.append(f"{pad}{r.name} = tl.sum(tl.where(({mx} > -{inf}) & ({mx} < {inf}), {r.name}_acc * "
+                                 f"tl.exp({mx} - {r.online.name}), 0.0), axis=1)[:, None]")
+                parts.append((f"{r.name}_acc", r.name, "0.0"))
+                if ninf:
+                    parts.append((f"{r.name}_ninf", f"tl.max({r.name}_ninf, axis=1)[:, None].to(tl.float32)", "0"))
                 continue
+            parts.append((f"{r.name}_acc", r.name, "0.0" if r.kind in ("sum", "mean") else _IDENTITY[r.kind]))
             mask, v = _mask(e, si), e.ev(r.source, "0", body)
             if r.kind == "mean":  # sum x / n, not (sum x) / n: a row of huge values must not overflow its sum
                 v = f"{v} * (1.0 / ({r.count}))"
@@ -311,8 +324,17 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
                 else:
                     finish += [pad + line for line in lines]
             e.rowvals[r.node] = r.name
-        if not persistent:
+        if split == "main":
+            blocks.append([f"{pad}splits = tl.arange(0, SPLIT)[None, :]  # the programs that share these rows"])
+            blocks.append([f"{pad}{acc} = tl.load(parts_ptr + ({i} * n_rows + rows) * SPLIT + splits, mask=rmask, "
+                           f"other={other})" for i, (acc, _, other) in enumerate(parts)])
+            blocks.append(after)
+        elif not persistent:
             walk(inits, body, after)
+        if split == "stats":
+            blocks.append([f"{pad}tl.store(parts_ptr + ({i} * n_rows + rows) * SPLIT + split_id, {v}, mask=rmask)"
+                           for i, (_, v, _) in enumerate(parts)])
+            return e, blocks
 
     # the last walk: full outputs, column partials, full-reduction partials; row outputs after it
     if not persistent:
@@ -321,6 +343,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
     body = one or _Block(ind + 1, True)
     inits, after = [], []
     n_col = len(plan.col_reductions)
+    split_stores: list[str] = []  # row values, stored by one of the programs that share the row
     for o, node in zip(plan.outputs, plan.out_nodes):
         i = plan.info[node]
         if o.store == "full":
@@ -331,12 +354,17 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
                      f"{o.name}_ptr.dtype.element_ty), mask=rmask & (cols < {ext}))")
         elif o.store == "row":
             v = e.ev(node, "0", e.pre)
-            after.append(f"{pad}tl.store({o.name}_ptr + rows, _to_dtype({v}, {o.name}_ptr.dtype.element_ty), "
-                         "mask=rmask)")
+            store = f"tl.store({o.name}_ptr + rows, _to_dtype({v}, {o.name}_ptr.dtype.element_ty), mask=rmask)"
+            if split:
+                split_stores.append(f"{pad}    {store}")
+            else:
+                after.append(pad + store)
         elif o.store == "scalar" and not o.in_epilogue:
             v = e.ev(node, "0", e.head)
             after += [f"{pad}if pid == 0:", f"{pad}    tl.store({o.name}_ptr, _to_dtype({v}, "
                                                  f"{o.name}_ptr.dtype.element_ty))"]
+    if split_stores:
+        after += [f"{pad}if split_id == 0:", *split_stores]
     for r in plan.col_reductions:
         si = plan.info[r.source]
         v = e.ev(r.source, "0", body)
@@ -377,11 +405,12 @@ def _section(plan: RowPlan, persistent: bool, ind: int) -> tuple[_Emitter, list]
     return e, blocks
 
 
-def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, pad: str) -> None:
+def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, pad: str) -> bool:
     """sum(exp(a - c)) in the walk that finds m = max(a), c following from m per row (m itself in softmax):
     each column's running sum is rescaled by exp(old max - new max) as its max grows; after the walk c is
     computed and the columns meet as sum(acc * exp(column max - c)). Where m or c is not finite the row
-    takes the two-walk form's value outright: exp(inf - inf) and exp(-inf + inf) are NaN, exp(inf - c) inf."""
+    takes the two-walk form's value outright: exp(inf - inf) and exp(-inf + inf) are NaN, exp(inf - c) inf.
+    Returns whether the walk also keeps `<sum>_ninf`, a flag per column that it met -inf."""
     m, n, inf, nan = r.online, r.name, "float('inf')", "float('nan')"
     v, mask, mx = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), f"{m.name}_acc"
     inits.append(f"{pad}{n}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
@@ -403,6 +432,7 @@ def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, p
                      f"{inf})) | (({c} == -{inf}) & (tl.max({n}_ninf, axis=1)[:, None] > 0)), {nan}, "
                      f"tl.where({m.name} == {inf}, {inf}, {n}))")
     e.rowvals[r.node] = r.name
+    return c != m.name
 
 
 def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
@@ -434,7 +464,7 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
         _, persistent = _section(plan, True, 2)
         _, looped = _section(plan, False, 2)
         lines += ["    if PERSISTENT:", *_flatten(persistent), "    else:", *_flatten(looped)]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + ("\n\n" + _split_kernels(plan, kname) if plan.splits_rows else "")
     # Fewer programs than row blocks, each walking row blocks pid, pid + num_programs, ...: what is reduced
     # across programs is combined in registers first, so partials scale with the grid, not the rows.
     lines += ["    # this program's results reduced across its row blocks"]
@@ -457,6 +487,42 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
         lines += _cross_program(plan)
     src = "\n".join(lines) + "\n"
     return src + ("\n\n" + _column_kernel(plan, kname)[0] if n_col else "")
+
+
+def split_kernel_names(kname: str) -> tuple[str, str]:
+    base = kname.removesuffix("_kernel")
+    return f"{base}_split_stats_kernel", f"{base}_split_kernel"
+
+
+def _split_kernels(plan: RowPlan, kname: str) -> str:
+    """The pass for few long rows: SPLIT programs share each row block, each walking SPAN columns of it. The
+    first kernel stores each program's partial row results (sums, maxima, an online sum with its maximum) in
+    `parts`; the second combines a row's SPLIT partials, then walks its columns again to store."""
+    ins = [f"{a.name}_ptr" for a in plan.inputs]
+    outs = [f"{o.name}_ptr" for o in plan.outputs]
+    tail = [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided] + atoms(plan.symbols) + plan.attrs
+    tail += ["SPAN", "BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "SPLIT: tl.constexpr"]
+    head = [f"    n_rows = {plan.n_rows}",
+            f"    n_cols = {plan.n_cols}",
+            "    pid = tl.program_id(0)",
+            "    split_id = tl.program_id(1)  # which SPAN columns of the rows this program walks",
+            "    rows = (pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]",
+            "    rmask = rows < n_rows",
+            "    c_lo = split_id * SPAN",
+            "    c_hi = tl.minimum(c_lo + SPAN, n_cols)"]
+    reads = ", ".join(a.name for a in plan.inputs)
+    stats, main = split_kernel_names(kname)
+    out = []
+    for name, params, mode, doc in (
+            (stats, ins + ["parts_ptr"] + tail, "stats",
+             f"{plan.name}, rows shared by SPLIT programs: reads {reads}; writes each program's partial row results."),
+            (main, ins + outs + ["parts_ptr"] + tail, "main",
+             f"{plan.name}, rows shared by SPLIT programs: combines the partials; writes "
+             f"{', '.join(o.name for o in plan.outputs)}.")):
+        _, blocks = _section(plan, False, 1, mode)
+        out.append("\n".join(["@triton.jit", f"def {name}(", *[f"    {p}," for p in params], "):",
+                              f'    """{doc}"""', *head, *_flatten(blocks)]) + "\n")
+    return "\n\n".join(out)
 
 
 def column_kernel_name(kname: str) -> str:
@@ -558,6 +624,28 @@ def _size_sources(names: dict, dims: dict) -> dict:
     return out
 
 
+def _split_launch(plan: RowPlan, kname: str, args: list[str], dev: str) -> list[str]:
+    """The launcher's branch for few long rows (ROW_SPLIT programs per row block, a tuned knob)."""
+    stats, main = split_kernel_names(kname)
+    n_parts = len(_section(plan, False, 1, "stats")[1][-1])  # the stats kernel's stores
+    n_ins, n_outs = len(plan.inputs), len(plan.outputs)
+    consts = ["SPAN=span", "BLOCK_R=BLOCK_R", "BLOCK_C=BLOCK_C", "SPLIT=split",
+              "**_row_launch(BLOCK_R * BLOCK_C, knobs)"]
+    stats_args = ", ".join(args[:n_ins] + ["parts"] + args[n_ins + n_outs:] + consts)
+    main_args = ", ".join(args[:n_ins + n_outs] + ["parts"] + args[n_ins + n_outs:] + consts)
+    return [
+        '    split = knobs["ROW_SPLIT"]',
+        "    if split > 1 and n_cols >= split:  # each row's columns shared by `split` programs",
+        "        BLOCK_C = min(triton.next_power_of_2(triton.cdiv(n_cols, split)), knobs[\"MAX_BLOCK_C\"])",
+        "        span = triton.cdiv(triton.cdiv(n_cols, split), BLOCK_C) * BLOCK_C  # whole chunks per program",
+        "        BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), knobs[\"TILE\"] // BLOCK_C))",
+        "        grid = (max(1, triton.cdiv(n_rows, BLOCK_R)), split)",
+        f"        parts = torch.empty(({n_parts}, n_rows, split), dtype=torch.float32, device={dev})",
+        f"        {stats}[grid]({stats_args})",
+        f"        {main}[grid]({main_args})",
+        f"        return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})"]
+
+
 def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],
                       runtime_attrs: list[str]) -> str:
     """Allocates outputs and launches the kernel; torch does no math here. `dims`: graph symbol -> source."""
@@ -585,12 +673,13 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
         shape = "".join(pysrc(sympy.sympify(d), names) + ", " for d in o.shape)
         b(f"    {o.name} = torch.empty(({shape}), dtype={dtype}, device={dev})")
     b(f"    n_rows, n_cols = {plan.n_rows}, {plan.n_cols}")
-    b("    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK_C)")
-    b("    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), TILE // BLOCK_C))")
+    b("    knobs = _knobs(n_rows, n_cols)  # tuned for these sizes, or the defaults")
+    b('    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), knobs["MAX_BLOCK_C"])')
+    b('    BLOCK_R = max(1, min(triton.next_power_of_2(max(n_rows, 1)), knobs["TILE"] // BLOCK_C))')
     full, n_col = plan.full_reductions, len(plan.col_reductions)
     blocks = "triton.cdiv(n_rows, BLOCK_R)"
     # column sums: about one program per SM, each writing one row of partials per column reduction
-    out += launch_setup(blocks, full, dev, f"_num_sms({dev})" if n_col else "MAX_PROGRAMS" if full else None)
+    out += launch_setup(blocks, full, dev, f"_num_sms({dev})" if n_col else 'knobs["MAX_PROGRAMS"]' if full else None)
     if n_col:
         rows_of_parts = f"grid[0] * {n_col}" if n_col > 1 else "grid[0]"
         b("    # persistent rows store their partial rows once; looped ones add to them chunk by chunk, from zero")
@@ -602,8 +691,10 @@ def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: s
     args += ["acc", "partials", "ticket"] if full else []  # the kernel's parameter order
     args += atoms(names) + plan.attrs
     extra = ", RBLOCK=RBLOCK, DETERMINISTIC=ordered" if full else ""
+    if plan.splits_rows:
+        out += _split_launch(plan, kname, args, dev)
     b(f"    {kname}[grid]({', '.join(args)}, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PERSISTENT=BLOCK_C >= n_cols{extra}, "
-      "**_row_launch(BLOCK_R * BLOCK_C))")
+      "**_row_launch(BLOCK_R * BLOCK_C, knobs))")
     if n_col:
         args = _column_kernel(plan, kname)[1]
         b("    # the column sums: the partial rows of the programs that had rows, added in program order")

@@ -156,6 +156,15 @@ class RowPlan:
         return len({self.phase_of(r) for r in self.row_reductions}) + int(last)
 
     @property
+    def splits_rows(self) -> bool:
+        """Whether a row's columns may be shared by several programs (few long rows): its reductions all finish
+        in the first walk and nothing is reduced across rows, so each program's partial row results meet in a
+        first kernel's small buffer and the second walks its columns again to store."""
+        return bool(self.row_reductions) and not self.full_reductions and not self.col_reductions and \
+            all(self.phase_of(r) == 0 for r in self.row_reductions) and \
+            all(o.store in ("full", "row") for o in self.outputs)
+
+    @property
     def full_reductions(self) -> list[RowReduction]:
         return [r for r in self.reductions if r.axis == "full"]
 
@@ -186,8 +195,6 @@ def _dims(dims, rank: int) -> list[int]:
 def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outputs: list[tuple[str, int]],
               output_like: dict[str, str | None], sym_names: dict) -> RowPlan:
     graph = gm.graph
-    env = shape_env_of(gm)
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
     wanted = [results[i] for _, i in outputs]
@@ -195,60 +202,124 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     if bad:
         raise Unsupported(sorted(set(bad)), "no Triton lowering for")
 
-    needed = upstream(wanted)
+    p = _RowPlanner(gm, input_names, sym_names, upstream(wanted))
+    p.classify()
+    if p.cuts:
+        raise NeedsSecondPass(sorted({_where(n) for n in p.cuts}), p.cut_why, p.cuts, p.cut_kinds)
+    reductions, info = p.reductions, p.info
+    for kind_ in ("col", "full"):
+        for k, r in enumerate(r for r in reductions if r.axis == kind_):
+            r.slot = k
+    outs = [p.output_arg(oname, node, output_like.get(oname)) for (oname, _), node in zip(outputs, wanted)]
+    attrs = _attr_names(info)
+    phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
+    _pair_online(reductions, info)
+    return RowPlan(name, gm, p.inputs, outs, wanted, attrs, info, reductions, pysrc(p.R, sym_names),
+                   pysrc(p.C, sym_names), sym_names, phases, p.counts, input_names=list(input_names))
 
-    def is_tensor(n):
-        return isinstance(n.meta.get("val"), torch.Tensor)
 
-    # the iteration space: the largest value (most dimensions among equals); its last dim is the columns
-    tensors = [n for n in graph.nodes if n in needed and is_tensor(n)]
+def _is_tensor(n) -> bool:
+    return isinstance(n.meta.get("val"), torch.Tensor)
+
+
+def _where(n) -> str:
+    """What to name a node by in a refusal: its op, or its own name for an input."""
+    return op_name(n.target) if n.op == "call_function" else n.name
+
+
+def _iteration_space(graph: torch.fx.Graph, needed, env) -> list:
+    """The shape of the largest needed value (most dimensions among equals); its last dim is the columns."""
+    tensors = [n for n in graph.nodes if n in needed and _is_tensor(n)]
     big = max(tensors, key=lambda n: (_hint_numel(n, env), len(n.meta["val"].shape)))
-    space = shape_of(big, env)
-    if not space:
-        space = [sympy.Integer(1)]
-    R, C = product(space[:-1]), space[-1]
+    return shape_of(big, env) or [sympy.Integer(1)]
 
-    def where(n):
-        return op_name(n.target) if n.op == "call_function" else n.name
 
-    info: dict = {}
-    inputs: list[RowInput] = []
-    reductions: list[RowReduction] = []
-    counts: dict = {}
+def _row_offset_terms(shape: list, space: list, env, sym_names: dict) -> list[str]:
+    """A broadcast input's row offset, as terms to add: for each row dimension of the space it does not
+    broadcast along, the row's index along it times the input's stride there."""
+    pad = len(space) - len(shape)
+    strides, acc = [], sympy.Integer(1)
+    for d in shape[::-1]:
+        strides.append(acc)
+        acc = acc * d
+    strides = strides[::-1]
+    terms, inner = [], sympy.Integer(1)
+    for k in range(len(space) - 2, -1, -1):
+        j = k - pad
+        if j >= 0 and not same(shape[j], sympy.Integer(1), env) and not same(space[k], 1, env):
+            # the row's index along dimension k; the outermost needs no modulo (rows < n_rows)
+            coord = "rows" if inner == 1 else f"(rows // {_atom(pysrc(inner, sym_names))})"
+            coord = coord if k == 0 else f"({coord} % {_atom(pysrc(space[k], sym_names))})"
+            stride = strides[j]
+            terms.append(coord if stride == 1 else f"{coord} * {_atom(pysrc(stride, sym_names))}")
+        inner = inner * space[k]
+    return terms
 
-    def map_input(node, pname) -> RowInput:
+
+def _attr_names(info: dict) -> list[str]:
+    """The graph attributes (AttrRef) the computing nodes read, in first-use order."""
+    attrs = []
+    for n in info:
+        for a in list(n.args) + list(n.kwargs.values()) if n.op == "call_function" else []:
+            for x in (a if isinstance(a, (list, tuple)) else [a]):
+                if isinstance(x, AttrRef) and x.name not in attrs:
+                    attrs.append(x.name)
+    return attrs
+
+
+class _RowPlanner:
+    """One walk over the needed nodes of a graph, in order: what the row kernel knows of each value (`info`),
+    the inputs it reads, the reductions it runs, and the finished values a later kernel must be handed (`cuts`)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, input_names: list[str], sym_names: dict, needed):
+        self.graph = gm.graph
+        self.env = shape_env_of(gm)
+        self.input_names = input_names
+        self.sym_names = sym_names
+        self.needed = needed
+        self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.space = _iteration_space(self.graph, needed, self.env)
+        self.R, self.C = product(self.space[:-1]), self.space[-1]
+        self.info: dict = {}
+        self.inputs: list[RowInput] = []
+        self.reductions: list[RowReduction] = []
+        self.counts: dict = {}  # op -> how many nodes call it
+        self.cuts: list = []  # finished values a later kernel must be handed, with what they depend on
+        self.cut_kinds: list[str] = []
+        self.cut_why: list[str] = []
+
+    def classify(self) -> None:
+        for node in self.graph.nodes:
+            if node not in self.needed:
+                continue
+            if node.op == "placeholder":
+                self.add_input(node)
+            elif node.op == "call_function":
+                self.info[node] = self.call_info(node)
+
+    # inputs
+
+    def add_input(self, node) -> None:
+        pname = self.input_names[self.placeholders.index(node)]
+        if not _is_tensor(node):
+            raise Unsupported([], f"input {pname} is not a tensor")
+        m = self.map_input(node, pname)
+        self.inputs.append(m)
+        dc = m.col_stride == 1
+        self.info[node] = Info(m.layout in ("flat", "broadcast", "row"), dc, self.C if dc else None, 0)
+
+    def map_input(self, node, pname: str) -> RowInput:
+        """How an input lies on the iteration space: one value, a broadcast, or by its numel in flat order."""
+        env, space, R, C = self.env, self.space, self.R, self.C
         shape = shape_of(node, env)
         numel = product(shape)
-        i = placeholders.index(node)
+        i = self.placeholders.index(node)
         if same(numel, sympy.Integer(1), env):
             return RowInput(pname, i, False, "scalar", "0", 0, shape)
         # right-aligned broadcast, as torch does it
         if len(shape) <= len(space) and all(same(d, s, env) or same(d, sympy.Integer(1), env)
                                             for d, s in zip(shape[::-1], space[::-1])):
-            pad = len(space) - len(shape)
-            strides, acc = [], sympy.Integer(1)
-            for d in shape[::-1]:
-                strides.append(acc)
-                acc = acc * d
-            strides = strides[::-1]
-            terms, inner = [], sympy.Integer(1)
-            for k in range(len(space) - 2, -1, -1):
-                j = k - pad
-                if j >= 0 and not same(shape[j], sympy.Integer(1), env) and not same(space[k], 1, env):
-                    # the row's index along dimension k; the outermost needs no modulo (rows < n_rows)
-                    coord = "rows" if inner == 1 else f"(rows // {_atom(pysrc(inner, sym_names))})"
-                    coord = coord if k == 0 else f"({coord} % {_atom(pysrc(space[k], sym_names))})"
-                    stride = strides[j]
-                    terms.append(coord if stride == 1 else f"{coord} * {_atom(pysrc(stride, sym_names))}")
-                inner = inner * space[k]
-            col = 1 if shape and not same(shape[-1], sympy.Integer(1), env) and len(shape) >= 1 and \
-                same(shape[-1], C, env) else 0
-            dr = bool(terms)
-            if dr and col and pad == 0 and all(same(d, s, env) for d, s in zip(shape, space)):
-                # the iteration space itself: rows one stride apart, so a row-strided view needs no copy
-                return RowInput(pname, i, True, "flat", f"rows * {pname}_row_stride", 1, shape, len(shape) >= 2)
-            layout = "broadcast" if dr and col else ("row" if dr else ("col" if col else "scalar"))
-            return RowInput(pname, i, dr and bool(col), layout, " + ".join(terms) or "0", col, shape)
+            return self.broadcast_input(pname, i, shape)
         if same(numel, R * C, env):
             return RowInput(pname, i, True, "flat", "rows * n_cols", 1, shape)
         if same(numel, R, env):
@@ -258,37 +329,62 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not map onto the iteration "
                               f"space {[str(d) for d in space]} (not a broadcast, nor one value per row or column)")
 
-    cuts: list = []  # finished values a later kernel must be handed, with what they depend on
-    cut_kinds: list[str] = []
-    cut_why: list[str] = []
+    def broadcast_input(self, pname: str, i: int, shape: list) -> RowInput:
+        """An input that broadcasts onto the space: it differs by row where its row offset has terms."""
+        env, space = self.env, self.space
+        pad = len(space) - len(shape)
+        terms = _row_offset_terms(shape, space, env, self.sym_names)
+        col = 1 if shape and not same(shape[-1], sympy.Integer(1), env) and len(shape) >= 1 and \
+            same(shape[-1], self.C, env) else 0
+        dr = bool(terms)
+        if dr and col and pad == 0 and all(same(d, s, env) for d, s in zip(shape, space)):
+            # the iteration space itself: rows one stride apart, so a row-strided view needs no copy
+            return RowInput(pname, i, True, "flat", f"rows * {pname}_row_stride", 1, shape, len(shape) >= 2)
+        layout = "broadcast" if dr and col else ("row" if dr else ("col" if col else "scalar"))
+        return RowInput(pname, i, dr and bool(col), layout, " + ".join(terms) or "0", col, shape)
 
-    def hand_over(src, user, why: str) -> None:
-        root = unviewed(src)
-        if root not in cuts:
-            cuts.append(root)
-            cut_kinds.append(info[root].post)
-            cut_why.append(f"{why} ({root.name})")
-        info[src].post = None  # shared by the views of root: from here on it reads like an input
-        info[root].post = None
-        info[src].level = info[root].level = 0
+    # computed values
 
-    def unviewed(n):
-        """A finished value before the views that broadcast it: what a later kernel should be handed."""
-        while n.op == "call_function" and OP_TABLE[op_name(n.target)].kind == VIEW and info[n.args[0]].post:
-            n = n.args[0]
-        return n
+    def call_info(self, node) -> Info:
+        key = op_name(node.target)
+        rule = OP_TABLE[key]
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if rule.kind in (SYMBOLIC, CONSTANT):
+            return Info(False, False, None, 0)
+        if rule.kind == COLUMN:
+            return self.column_index(node, key)
+        if rule.kind == VIEW:
+            # views keep the flat order, so a value stays at its (row, column); slices and reductions of a
+            # view whose last dimensions no longer span one row are refused where they happen
+            return self.info[node.args[0]]
+        if rule.kind == SHIFT:
+            return _shift_info(node, key, self.info, self.env, self.combine)
+        if rule.kind == REDUCTION:
+            return self.reduction(node, key)
+        return self.combine(node, [s for s in node.all_input_nodes if s in self.info], rule.exact)
 
-    def combine(node, srcs, exact=True, same_width=True) -> Info:
+    def column_index(self, node, key: str) -> Info:
+        """arange over a row: the column index."""
+        start = node.args[0] if key == "aten.arange.start" else 0
+        width = shape_of(node, self.env)[-1]
+        widths = (self.C, *[i.ext for i in self.info.values() if i.dc])
+        if start != 0 or not any(same(width, e, self.env) for e in widths):
+            raise Unsupported([key], f"{node.name} is not the column index of a row (arange from 0 over it)")
+        return Info(False, True, width, 0)
+
+    def combine(self, node, srcs, exact=True, same_width=True) -> Info:
+        """A value computed elementwise from `srcs`: it differs by row or column where any of them does."""
+        info = self.info
         dr = any(info[s].dr for s in srcs)
         dc = any(info[s].dc for s in srcs)
         exts = [info[s].ext for s in srcs if info[s].dc]
         for e in exts[1:] if same_width else []:
-            if not same(e, exts[0], env):
-                raise Unsupported([where(node)], f"{node.name} combines values of {exts[0]} and {e} columns")
+            if not same(e, exts[0], self.env):
+                raise Unsupported([_where(node)], f"{node.name} combines values of {exts[0]} and {e} columns")
         if dr:  # finished values needed for every row: hand them to a later kernel, as if inputs of it
             for s in srcs:
                 if info[s].post:
-                    hand_over(s, node, f"{node.name} needs a finished column or full reduction for every row")
+                    self.hand_over(s, node, f"{node.name} needs a finished column or full reduction for every row")
         posts = [info[s].post for s in srcs if info[s].post]
         post = None
         if posts:
@@ -296,104 +392,86 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         return Info(dr, dc, exts[0] if exts else None, max((info[s].level for s in srcs), default=0), post,
                     exact and all(info[s].exact for s in srcs))
 
-    def col_dims(node) -> tuple[list[int], list[int]]:
+    # reductions
+
+    def reduction(self, node, key: str) -> Info:
+        """A sum, mean, max or min: along the rows' columns (one more phase), down the columns, or in full."""
+        src = node.args[0]
+        si = self.info[src]
+        shape = shape_of(src, self.env)
+        dims, red_r, red_c = self.reduced_dims(node, key, src, shape)
+        if si.post:
+            self.hand_over(src, node, f"{node.name} reduces a value that needs a finished reduction")
+        kind = REDUCE_KIND[key]
+        if not dims:  # nothing non-trivial reduced: a view
+            return si
+        if red_c and not red_r and si.dr:
+            axis, new = "row", Info(True, False, None, si.level + 1, None, False)
+        elif red_r and not red_c and si.dc:
+            if kind not in ("sum", "mean"):
+                raise Unsupported([key], f"{node.name}: column reductions are sums or means")
+            axis, new = "col", Info(False, True, si.ext, si.level, "col", False)
+        else:
+            axis, new = "full", Info(False, False, None, si.level, "scalar", kind in ("max", "min") and si.exact)
+        count = pysrc(product([shape[d] for d in dims]), self.sym_names)
+        self.reductions.append(RowReduction(node, kind, axis, src, count))
+        return new
+
+    def reduced_dims(self, node, key: str, src, shape: list) -> tuple[list[int], bool, bool]:
+        """The non-trivial dims `node` reduces, and whether they include the rows' and the columns' dims."""
+        cdims, rdims = self.col_dims(src)
+        dims = _dims(node.args[1] if len(node.args) > 1 else None, len(shape))
+        dims = [d for d in dims if not same(shape[d], sympy.Integer(1), self.env)]
+        red_c = bool(set(dims) & set(cdims))
+        red_r = bool(set(dims) & set(rdims))
+        if (red_c and not set(cdims) <= set(dims)) or (red_r and not set(rdims) <= set(dims)) or \
+                not set(dims) <= set(cdims) | set(rdims):
+            raise Unsupported([key], f"{node.name} reduces only some of the dimensions of its rows or columns "
+                                     "(whole rows, whole columns or everything fuse)")
+        return dims, red_r, red_c
+
+    def col_dims(self, node) -> tuple[list[int], list[int]]:
         """Dims of a value's shape that run along the columns, and the non-trivial ones along the rows."""
-        shape = shape_of(node, env)
-        i = info[node]
+        shape = shape_of(node, self.env)
+        i = self.info[node]
         split = len(shape)
         if i.dc:
             split = None
             for k in range(len(shape) - 1, -1, -1):
-                if same(product(shape[k:]), i.ext, env):
+                if same(product(shape[k:]), i.ext, self.env):
                     split = k
                     break
             if split is None:
-                raise Unsupported([where(node)], f"{node.name}: its last dimensions do not line up with the rows")
-        rdims = [k for k in range(split) if not same(shape[k], sympy.Integer(1), env)] if i.dr else []
+                raise Unsupported([_where(node)], f"{node.name}: its last dimensions do not line up with the rows")
+        rdims = [k for k in range(split) if not same(shape[k], sympy.Integer(1), self.env)] if i.dr else []
         return list(range(split, len(shape))), rdims
 
-    for node in graph.nodes:
-        if node not in needed:
-            continue
-        if node.op == "placeholder":
-            pname = input_names[placeholders.index(node)]
-            if not is_tensor(node):
-                raise Unsupported([], f"input {pname} is not a tensor")
-            m = map_input(node, pname)
-            inputs.append(m)
-            dc = m.col_stride == 1
-            info[node] = Info(m.layout in ("flat", "broadcast", "row"), dc, C if dc else None, 0)
-            continue
-        if node.op != "call_function":
-            continue
-        key = op_name(node.target)
-        rule = OP_TABLE[key]
-        counts[key] = counts.get(key, 0) + 1
-        srcs = [s for s in node.all_input_nodes if s in info]
-        if rule.kind == SYMBOLIC:
-            info[node] = Info(False, False, None, 0)
-            continue
-        if rule.kind == CONSTANT:
-            info[node] = Info(False, False, None, 0)
-            continue
-        if rule.kind == COLUMN:  # arange over a row: the column index
-            start = node.args[0] if key == "aten.arange.start" else 0
-            width = shape_of(node, env)[-1]
-            if start != 0 or not any(same(width, e, env) for e in (C, *[i.ext for i in info.values() if i.dc])):
-                raise Unsupported([key], f"{node.name} is not the column index of a row (arange from 0 over it)")
-            info[node] = Info(False, True, width, 0)
-            continue
-        if rule.kind == VIEW:
-            # views keep the flat order, so a value stays at its (row, column); slices and reductions of a
-            # view whose last dimensions no longer span one row are refused where they happen
-            info[node] = info[node.args[0]]
-            continue
-        if rule.kind == SHIFT:
-            info[node] = _shift_info(node, key, info, env, combine)
-            continue
-        if rule.kind == REDUCTION:
-            src = node.args[0]
-            si = info[src]
-            shape = shape_of(src, env)
-            cdims, rdims = col_dims(src)
-            dims = _dims(node.args[1] if len(node.args) > 1 else None, len(shape))
-            dims = [d for d in dims if not same(shape[d], sympy.Integer(1), env)]
-            red_c = bool(set(dims) & set(cdims))
-            red_r = bool(set(dims) & set(rdims))
-            if (red_c and not set(cdims) <= set(dims)) or (red_r and not set(rdims) <= set(dims)) or \
-                    not set(dims) <= set(cdims) | set(rdims):
-                raise Unsupported([key], f"{node.name} reduces only some of the dimensions of its rows or columns "
-                                         "(whole rows, whole columns or everything fuse)")
-            if si.post:
-                hand_over(src, node, f"{node.name} reduces a value that needs a finished reduction")
-            kind = REDUCE_KIND[key]
-            count = pysrc(product([shape[d] for d in dims]), sym_names)
-            if not dims:  # nothing non-trivial reduced: a view
-                info[node] = si
-                continue
-            if red_c and not red_r and si.dr:
-                axis, new = "row", Info(True, False, None, si.level + 1, None, False)
-            elif red_r and not red_c and si.dc:
-                if kind not in ("sum", "mean"):
-                    raise Unsupported([key], f"{node.name}: column reductions are sums or means")
-                axis, new = "col", Info(False, True, si.ext, si.level, "col", False)
-            else:
-                axis, new = "full", Info(False, False, None, si.level, "scalar", kind in ("max", "min") and si.exact)
-            reductions.append(RowReduction(node, kind, axis, src, count))
-            info[node] = new
-            continue
-        info[node] = combine(node, srcs, rule.exact)
+    # finished values a later kernel needs
 
-    if cuts:
-        raise NeedsSecondPass(sorted({where(n) for n in cuts}), cut_why, cuts, cut_kinds)
-    for kind_ in ("col", "full"):
-        for k, r in enumerate(r for r in reductions if r.axis == kind_):
-            r.slot = k
+    def hand_over(self, src, user, why: str) -> None:
+        info = self.info
+        root = self.unviewed(src)
+        if root not in self.cuts:
+            self.cuts.append(root)
+            self.cut_kinds.append(info[root].post)
+            self.cut_why.append(f"{why} ({root.name})")
+        info[src].post = None  # shared by the views of root: from here on it reads like an input
+        info[root].post = None
+        info[src].level = info[root].level = 0
 
-    outs: list[OutArg] = []
-    for (oname, _), node in zip(outputs, wanted):
+    def unviewed(self, n):
+        """A finished value before the views that broadcast it: what a later kernel should be handed."""
+        while n.op == "call_function" and OP_TABLE[op_name(n.target)].kind == VIEW and self.info[n.args[0]].post:
+            n = n.args[0]
+        return n
+
+    # outputs
+
+    def output_arg(self, oname: str, node, like: str | None) -> OutArg:
+        """How an output is stored: one value, a row of columns, one value per row, or in full."""
         check_output(oname, node)
-        i = info[node]
+        env, R, C = self.env, self.R, self.C
+        i = self.info[node]
         shape = shape_of(node, env)
         numel = product(shape)
         if i.post == "scalar" or (not i.dr and not i.dc and same(numel, sympy.Integer(1), env)):
@@ -408,19 +486,9 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
             store = "row"
         else:
             raise Unsupported([], f"output {oname} of shape {[str(d) for d in shape]} does not map onto the "
-                                  f"iteration space {[str(d) for d in space]}")
-        outs.append(OutArg(oname, node.name, store == "full", store in ("scalar", "col") and bool(i.post),
-                           shape, output_like.get(oname), i.exact, True, store))
-    attrs = []
-    for n in info:
-        for a in list(n.args) + list(n.kwargs.values()) if n.op == "call_function" else []:
-            for x in (a if isinstance(a, (list, tuple)) else [a]):
-                if isinstance(x, AttrRef) and x.name not in attrs:
-                    attrs.append(x.name)
-    phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
-    _pair_online(reductions, info)
-    return RowPlan(name, gm, inputs, outs, wanted, attrs, info, reductions, pysrc(R, sym_names),
-                   pysrc(C, sym_names), sym_names, phases, counts, input_names=list(input_names))
+                                  f"iteration space {[str(d) for d in self.space]}")
+        return OutArg(oname, node.name, store == "full", store in ("scalar", "col") and bool(i.post),
+                      shape, like, i.exact, True, store)
 
 
 def _atom(src: str) -> str:

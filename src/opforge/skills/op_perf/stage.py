@@ -54,19 +54,23 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     state.perf.update(rounds=0, history=[], best=None, last_improvement=None, rounds_without_gain=0)
     impl = _load(ws, f"{req.name}_impl") if gpu else None
     ceiling = copy_ceiling(device) if gpu else None
-    tuning = {"rounds": 0, "history": [], "reason": "autotuning runs on an accelerator"}
+    tuning = {"rounds": 0, "history": [], "shapes": [], "reason": "autotuning runs on an accelerator"}
     if gpu:
         from opforge.skills.op_perf.tune import tune
 
-        b0, d0 = spec["p0_shapes"][0], parse_dtype(spec["supported_dtypes"][0])
-        case0 = _case(golden, b0, d0, grad_names, device)
-        eager = bench_case(case0, golden.REFERENCE, None, baselines=("eager",))["times"]
-        key = "eager_forward_backward" if grad_names else "eager_forward"
-        result = tune(ws, req, spec, impl, golden, case0, eager[key]["median_ms"], state, progress)
-        tuning = {"rounds": len(result["history"]), "history": result["history"], "best": result["best"],
-                  "baseline_ms": result["baseline_ms"], "best_ms": result["best_ms"], "stop": result["stop"],
-                  "objective": result["objective"], "written": result["written"],
-                  "reason": f"stopped: {result['stop']}"}
+        d0 = parse_dtype(spec["supported_dtypes"][0])
+        for binding in spec["p0_shapes"]:  # one search per shape, the first dtype's; sizes shared start from it
+            case = _case(golden, binding, d0, grad_names, device)
+            eager = bench_case(case, golden.REFERENCE, None, baselines=("eager",))["times"]
+            key = "eager_forward_backward" if grad_names else "eager_forward"
+            result = tune(ws, req, spec, impl, golden, binding, case, eager[key]["median_ms"], state, progress)
+            tuning["shapes"].append({k: result[k] for k in ("binding", "keys", "baseline_ms", "best_ms", "best",
+                                                             "stop", "objective", "written")})
+            tuning["history"] += result["history"]
+            if not result["keys"]:  # an impl without per-size entries: one config for every size, tuned once
+                break
+        tuning.update(rounds=len(tuning["history"]),
+                      reason="; ".join(f"{s['binding']}: stopped, {s['stop']}" for s in tuning["shapes"]))
     rows = []
     for binding in spec["p0_shapes"]:
         for dt in spec["supported_dtypes"]:
@@ -95,7 +99,7 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     precision = json.loads(ws.path("precision.json").read_text()) if ws.path("precision.json").exists() else None
     write_text_atomic(ws.path("README.md"), render_readme(req, spec, precision, perf))
     artifacts = ["PERF.md", "perf.json", "perf.png", "README.md"]
-    if tuning.get("written"):
+    if any(s["written"] for s in tuning["shapes"]):
         artifacts.append(f"{req.name}_impl.py")
     return StageOutcome("completed", headline, artifacts=artifacts)
 
@@ -195,15 +199,17 @@ def _md(req: Request, perf: dict) -> str:
     lines += ["", "For memory-bound kernels the byte ratio bounds the speedup over eager from above once "
                   "launch overhead is amortised.", "", "## Tuning history", "",
               f"{t['rounds']} rounds. {t['reason']}", ""]
+    for s in t.get("shapes", []):
+        where = f"the sizes {', '.join(map(str, s['keys']))}" if s["keys"] else "every size"
+        lines += [f"{s['binding']}: objective {s['objective']}; start {s['baseline_ms']:.4f} ms, best "
+                  f"{s['best_ms']:.4f} ms with {s['best']}; written into the impl for {where}: "
+                  f"{', '.join(s['written']) or 'nothing'}.", ""]
     if t.get("history"):
-        lines += [f"Objective: {t['objective']} on the first P0 shape and dtype; start {t['baseline_ms']:.4f} ms, "
-                  f"best {t['best_ms']:.4f} ms with {t['best']}; written into the impl: "
-                  f"{', '.join(t['written']) or 'nothing'}.", "",
-                  "| round | config | status | ms |", "|---|---|---|---|"]
+        lines += ["| shape | round | config | status | ms |", "|---|---|---|---|---|"]
         for h in t["history"]:
             ms = f"{h['ms']:.4f}" if "ms" in h else h.get("reason", "")
-            lines.append(f"| {h['round']} | {h['config']} | {h['status']}{' (best)' if h.get('improved') else ''} "
-                         f"| {ms} |")
+            lines.append(f"| {h.get('binding', '')} | {h['round']} | {h['config']} | "
+                         f"{h['status']}{' (best)' if h.get('improved') else ''} | {ms} |")
         lines.append("")
     lines += ["![perf](perf.png)", ""]
     return "\n".join(lines)

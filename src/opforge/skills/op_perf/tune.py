@@ -1,12 +1,12 @@
-"""Stage 7's autotuning on an accelerator: the impl's knobs searched on the first P0 shape and dtype, every
+"""Stage 7's autotuning on an accelerator: the impl's knobs searched on each P0 shape (first dtype), every
 candidate re-verified against the golden (level-0 cases on the device) before its time counts, rounds recorded
-in the state's perf record, and the best config written back into the impl file."""
+in the state's perf record, and the best config written back into the impl file for the sizes it was tuned at."""
 
 from __future__ import annotations
 
 from opforge.bench.harness import clock_for, measure
 from opforge.bench.opbench import STALE_REL_TOL
-from opforge.bench.tuning import autotune, write_back
+from opforge.bench.tuning import autotune, launch_keys, tuned_entry, write_back, write_tuned
 from opforge.verify.cases import check_case, level0_cases
 
 
@@ -28,7 +28,9 @@ class OnDevice:
         return call
 
 
-def tune(ws, req, spec: dict, impl, golden, case, eager_ms: float, state, progress=None) -> dict:
+def tune(ws, req, spec: dict, impl, golden, binding: dict, case, eager_ms: float, state, progress=None) -> dict:
+    """Tune the impl's knobs on one case. A generated impl keeps a table of tuned configs per launch size
+    (TUNED): the search then changes only the entries of the sizes this case launches, and writes those."""
     fused = getattr(impl, req.name)
     bwd = bool(case.grad_names)
     call = case.forward_backward(fused) if bwd else case.forward(fused)
@@ -36,6 +38,7 @@ def tune(ws, req, spec: dict, impl, golden, case, eager_ms: float, state, progre
     clock = clock_for(case.device)
     cases = level0_cases(spec["supported_dtypes"], spec["p0_shapes"])
     checked = OnDevice(impl, case.device)
+    keys = launch_keys(impl, lambda: call(case.inputs(0)))
 
     def timed() -> float:
         return measure(call, case.inputs, clock=clock, reference=ref, rel_tol=STALE_REL_TOL).median_ms
@@ -52,22 +55,30 @@ def tune(ws, req, spec: dict, impl, golden, case, eager_ms: float, state, progre
     perf = state.perf
 
     def on_round(rec):
+        rec["binding"] = binding
         perf["rounds"] += 1
         perf["history"].append(rec)
         if rec.get("improved"):
             perf["best"] = rec["config"]
-            perf["last_improvement"] = rec["round"]
+            perf["last_improvement"] = perf["rounds"]
             perf["rounds_without_gain"] = 0
         else:
             perf["rounds_without_gain"] += 1
         if progress:
-            progress(f"tuning round {rec['round']}: {rec['status']} {rec.get('ms', '')}")
+            progress(f"tuning {binding} round {rec['round']}: {rec['status']} {rec.get('ms', '')}")
 
     clock.sync()
-    result = autotune(impl, timed, verify, target_ms=eager_ms / target if target else None, on_round=on_round)
-    result["objective"] = "fused forward+backward" if bwd else "fused forward"
+    result = autotune(impl, timed, verify, keys=keys, target_ms=eager_ms / target if target else None,
+                      on_round=on_round)
+    result.update(binding=binding, keys=[list(k) for k in keys],
+                  objective="fused forward+backward" if bwd else "fused forward")
     # the interpreter's knob values are not the accelerator's: only a compiled run writes back
-    compiled = not getattr(impl, "INTERPRET", False)
-    written = compiled and result["history"]
-    result["written"] = write_back(ws.path(f"{req.name}_impl.py"), result["best"]) if written else []
+    written = not getattr(impl, "INTERPRET", False) and result["history"]
+    path = ws.path(f"{req.name}_impl.py")
+    if not written:
+        result["written"] = []
+    elif keys:
+        result["written"] = write_tuned(path, {k: tuned_entry(impl, result["best"]) for k in keys})
+    else:  # an impl without a per-size table: its module values, for every size
+        result["written"] = write_back(path, result["best"])
     return result
