@@ -366,11 +366,14 @@ def test_batch_writes_one_row_per_case_and_the_fp16_rope_example_overflows(tmp_p
     header = [c.value for c in ws[1]]
     got = {r[header.index("case")]: r for r in ws.iter_rows(min_row=2, values_only=True)}
     assert len(got) == 5
-    assert got["rope_fp16_overflow"][header.index("exit")] == 3
+    assert header[2] == "class" and got["rope_fp16_overflow"][header.index("class")] == 3  # never "exit"
+    assert [c.value for c in load_workbook(tmp_path / "summary.xlsx")["rules"][1]][:2] == ["rule", "class"]
     assert got["scaled_softmax_promotion"][header.index("operator")] == "aten.mul.Tensor"
     assert ws.cell(2, header.index("analysis") + 1).hyperlink is not None
     md = (tmp_path / "rope_fp16_overflow__half" / "analysis.md").read_text()
-    assert "exit 3" in md and "| R3 | 3 | **yes** |" in md and "rope_fp16_overflow.py:18" in md
+    assert "**class 3: operator defect" in md and "| rule | class | fired | rule |" in md
+    assert "exit 1" not in md and "exit 3" not in md  # the class, never an "exit"; the process's code is 0, 1 or 2
+    assert "| R3 | 3 | **yes** |" in md and "rope_fp16_overflow.py:18" in md
     assert "## Timeline" in (tmp_path / "rope_fp16_overflow__half" / "repro.md").read_text()
 
 
@@ -414,3 +417,52 @@ def test_registered_in_the_opforge_command(tmp_path):
     res = CliRunner().invoke(opforge_app, ["api-consistency", str(EXAMPLES / "rope_fp32_positions.py"),
                                            "--target", "npu", "--out", str(tmp_path)])
     assert res.exit_code == 2 and res.stderr.strip().startswith("error: --target: npu: no Ascend NPU")
+
+
+def test_printed_verdict_and_process_exit_code_speak_one_vocabulary(cases, tmp_path):
+    """A consistent case prints "exit 0" and the process returns 0; a defect prints "exit 1" and returns 1. The
+    case's triage class is named in words, on stdout (the verdict is a result), and never printed as "exit N"."""
+    res = invoke(cases / "axpy.py", "--target", "half", "--out", tmp_path / "ok")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("consistent (class 1) axpy on half:"), res.stdout
+    assert lines[-1] == "exit 0: 1 case(s): 1 consistent" and "exit 1" not in res.stdout
+    assert res.stderr == ""
+    res = invoke(cases / "rmsnorm.py", "--target", "half", "--out", tmp_path / "bad")
+    assert res.exit_code == 1, res.output
+    assert res.stdout.startswith("operator defect (class 3) rmsnorm on half:"), res.stdout
+    assert "aten.pow.Tensor_Scalar" in res.stdout
+    assert res.stdout.strip().splitlines()[-1] == "exit 1: 1 case(s): 1 operator defect"
+    doc = json.loads(invoke(cases / "rmsnorm.py", "--target", "half", "--out", tmp_path / "j", "--json").stdout)
+    assert doc["exit_code"] == 1 and doc["cases"][0]["exit"] == 3 and doc["cases"][0]["verdict"] == "operator defect"
+
+
+def test_bad_input_with_json_is_also_json_on_stdout(tmp_path):
+    res = invoke(tmp_path / "missing.py", "--target", "half", "--out", tmp_path / "o", "--json")
+    assert res.exit_code == 2
+    err = json.loads(res.stdout)["error"]
+    assert err["exit_code"] == 2 and err["where"].endswith("missing.py") and "no such file" in err["what"]
+    assert res.stderr.strip() == f"error: {err['where']}: {err['what']}"
+
+
+@pytest.mark.parametrize("out,why", [
+    ("afile", "afile: is a file; --out names the folder to write the reports in"),
+    ("afile/sub", "afile/sub: cannot create it: {t}/afile is a file, not a folder"),
+])
+def test_out_that_cannot_be_a_folder_is_one_line_and_exit_2(cases, tmp_path, out, why):
+    (tmp_path / "afile").write_text("not a folder\n")
+    res = invoke(cases / "axpy.py", "--target", "half", "--out", tmp_path / out)
+    assert res.exit_code == 2, res.output
+    assert res.stderr == f"error: {tmp_path}/{why.format(t=tmp_path)}\n" and res.stdout == ""
+    res = invoke(cases / "axpy.py", "--target", "half", "--out", tmp_path / out, "--json")
+    assert res.exit_code == 2 and json.loads(res.stdout)["error"] == {
+        "where": str(tmp_path / out), "what": why.format(t=tmp_path).partition(": ")[2], "exit_code": 2}
+    assert (tmp_path / "afile").read_text() == "not a folder\n"
+
+
+def test_an_existing_out_folder_is_reused(cases, tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "keep.txt").write_text("mine")
+    res = invoke(cases / "axpy.py", "--target", "half", "--out", tmp_path / "o")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "o" / "keep.txt").read_text() == "mine" and (tmp_path / "o" / "summary.xlsx").is_file()

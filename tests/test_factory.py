@@ -178,6 +178,11 @@ def test_rollback_then_resume_redoes_only_later_stages(ws_copy):
     state = load_state(ws_copy)
     assert state.stages[4].status == "completed" and state.stages[5].status == "pending"
     assert state.rollbacks and state.rollbacks[-1]["to_stage"] == 5
+    # stages 5-7's files are out of the workspace, which status calls pending, but kept, not deleted
+    later = ("PRECISION.md", "precision.json", "PERF.md", "perf.json", f"{OP}_impl.py")
+    assert not any((ws_copy / f).exists() for f in later)
+    aside = [d for d in (ws_copy / "history_version").iterdir() if d.name.startswith("rolled_back_to_stage5_")]
+    assert len(aside) == 1 and all((aside[0] / f).is_file() for f in later)
 
 
 def test_sigkill_in_stage5_then_resume(tmp_path):
@@ -214,3 +219,23 @@ def test_sigkill_in_stage5_then_resume(tmp_path):
     assert state.stages[5].attempts == 2
     restarted = [e["stage"] for e in read_events(ws)[n_events:] if e["kind"] == "stage_started"]
     assert restarted == [5, 6, 7]
+
+
+def test_the_demo_quick_run_scales_level0_down_and_says_so(tmp_path):
+    """`scripts/demo.sh` runs the demo request with --quick: Level 0 at the p0 shapes scaled down to at most
+    65,536 elements (the gate checks coverage of those), CPU timings at one shape and dtype, SUCCESS."""
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[1] / "examples" / OP
+    ws = tmp_path / "demo"
+    r = CliRunner().invoke(app, ["op", "run", str(demo), "--out", str(ws), "--quick", "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    assert load_state(ws).options["quick"] is True
+    level0 = json.loads((ws / "design.json").read_text())["verification"]["level0"]
+    bindings = {json.dumps(c["binding"], sort_keys=True) for c in level0}
+    assert bindings == {json.dumps({"M": 256, "N": 256})}  # 1024x2048 and 4096x4096, both halved to 256x256
+    assert len(level0) == 3  # one case per dtype
+    assert "Quick run (`--quick`)" in (ws / "DESIGN.md").read_text()
+    perf = json.loads((ws / "perf.json").read_text())
+    assert perf["quick"] is True and len(perf["rows"]) == 1
+    assert "Quick run (`--quick`)" in (ws / "PERF.md").read_text()

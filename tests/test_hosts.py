@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opforge.cli import app
+from opforge.hosts import install, render
 from opforge.hosts.catalog import SKILLS_ROOT
 from opforge.hosts.validate import split_front_matter
 
@@ -127,7 +129,10 @@ def test_init_claude_layout_idempotent_and_exact_uninstall(repo):
     assert settings["model"] == "x"
     assert {"PreToolUse", "SubagentStop", "Stop"} <= set(settings["hooks"])
     cmds = [h["command"] for g in settings["hooks"]["Stop"] for h in g["hooks"]]
-    assert cmds == ["echo mine", "opforge-hook gate --host claude"]
+    assert cmds == ["echo mine", render.hook_command("claude")]
+    entry = shlex.split(cmds[1])[0]  # the hook by absolute path: a host without this venv on PATH still runs it
+    assert os.path.isabs(entry) and Path(entry).is_file(), cmds[1]
+    assert out["hook"] == {"command": cmds[1], "runs": True, "problem": None}
     assert settings["hooks"]["PreToolUse"][0]["matcher"] == "Bash"
 
     after_first = _tree(repo)
@@ -152,7 +157,8 @@ def test_init_opencode_layout(repo):
     bash = analyst["permission"]["bash"]
     assert list(bash)[0] == "*" and bash["opforge op resume*"] == "deny"
     plugin = (repo / ".opencode" / "plugins" / "opforge-gate.js").read_text()
-    assert "tool.execute.before" in plugin and "opforge-hook gate" in plugin
+    assert "tool.execute.before" in plugin and "$`${HOOK} gate --host opencode" in plugin
+    assert f"const HOOK = {json.dumps(render.hook_argv())};" in plugin and os.path.isabs(render.hook_argv()[0])
     if os.path.exists("/usr/bin/node"):  # the plugin must at least be valid JavaScript
         check = subprocess.run(["node", "--check", "--input-type=module"], input=plugin, text=True,
                                capture_output=True)
@@ -272,3 +278,65 @@ def test_gate_hook_blocks_state_commands_when_a_gate_fails(ws_copy):
     light = subprocess.run([sys.executable, "-m", "opforge.hosts.gate_hook", "gate", "--root", str(root)],
                            input=json.dumps(state), capture_output=True, text=True)
     assert light.returncode == 2 and "G5-IMPL-TRITON-ONLY" in light.stderr
+    # the command `init` writes into Claude Code's settings, run by a shell whose PATH has no opforge on it
+    installed = subprocess.run(["/bin/sh", "-c", render.hook_command("claude") + f" --root {shlex.quote(str(root))}"],
+                               input=json.dumps(state), capture_output=True, text=True, env={"PATH": "/nonexistent"})
+    assert installed.returncode == 2 and "G5-IMPL-TRITON-ONLY" in installed.stderr, installed.stderr
+
+
+# ------------------------------------------------------------------ hooks: the entry point by absolute path
+
+def test_hook_entry_point_is_absolute_and_falls_back_to_the_interpreter(tmp_path, monkeypatch):
+    argv = render.hook_argv()
+    assert os.path.isabs(argv[0]) and Path(argv[0]).parent == Path(os.path.abspath(sys.executable)).parent
+    # the fallback, this interpreter running the module, runs without PATH too
+    assert install.check_hook([os.path.abspath(sys.executable), "-m", render.HOOK_MODULE]) == \
+        {"runs": True, "problem": None}
+    lone = tmp_path / "bin" / "python"  # an interpreter outside this venv, no opforge-hook script next to it
+    lone.parent.mkdir()
+    lone.symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(lone))
+    assert render.hook_argv() == [str(lone), "-m", "opforge.hosts.gate_hook"]
+    if sys.prefix != sys.base_prefix:  # in a venv, the base interpreter lacks opforge: the check says so
+        check = install.check_hook(render.hook_argv())
+        assert check["runs"] is False and "No module named 'opforge'" in check["problem"], check
+    assert render.hook_command("claude", ["/a b/python", "-m", "x"]) == "'/a b/python' -m x gate --host claude"
+
+
+def test_init_says_when_the_hook_does_not_run(repo, monkeypatch):
+    monkeypatch.setattr(render, "hook_argv", lambda: ["/nonexistent/opforge-hook"])
+    res = runner.invoke(app, ["init", "--host", "claude", str(repo)])
+    assert res.exit_code == 0, res.output
+    assert "warning: the hook command does not run here" in res.stderr and "/nonexistent/opforge-hook" in res.stderr
+    assert "hooks call: /nonexistent/opforge-hook gate --host claude (it does NOT run here)" in res.stdout
+    out = _init("--host", "claude", str(repo))
+    assert out["hook"]["runs"] is False and "FileNotFoundError" in out["hook"]["problem"]
+
+
+def test_reinstall_replaces_hooks_of_another_interpreter_and_of_older_installs(repo, monkeypatch):
+    settings_path = repo / ".claude" / "settings.json"
+
+    def commands() -> list[str]:
+        doc = json.loads(settings_path.read_text())
+        return [h["command"] for groups in doc.get("hooks", {}).values() for g in groups for h in g["hooks"]]
+
+    real = render.hook_argv
+    monkeypatch.setattr(render, "hook_argv", lambda: ["/old/venv/bin/opforge-hook"])
+    _init("--host", "claude", str(repo))
+    assert set(commands()) == {"/old/venv/bin/opforge-hook gate --host claude"}
+    monkeypatch.setattr(render, "hook_argv", real)
+    out = _init("--host", "claude", str(repo))  # a new environment: its hooks replace the old ones
+    assert set(commands()) == {render.hook_command("claude")} and len(commands()) == 3
+    assert out["changes"][".claude/settings.json"] == "updated"
+
+    # an install by an opforge that wrote the bare command and recorded no hooks in its manifest
+    mpath = install.manifest_path(repo, "claude")
+    manifest = json.loads(mpath.read_text())
+    del manifest["settings"]["hooks"]
+    mpath.write_text(json.dumps(manifest))
+    legacy = render.claude_hook_entries("claude", "opforge-hook gate --host claude")
+    settings_path.write_text(json.dumps(render.merge_claude_settings({}, legacy)))
+    _init("--host", "claude", str(repo))
+    assert set(commands()) == {render.hook_command("claude")} and len(commands()) == 3
+    assert runner.invoke(app, ["init", "--uninstall", str(repo)]).exit_code == 0
+    assert not settings_path.exists() and not (repo / ".claude").exists()

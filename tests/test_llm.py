@@ -11,6 +11,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from conftest import SCAN_REFERENCE as REFERENCE
+from conftest import SCAN_REQUEST as REQUEST
 from llm_replay import Replay, text, tools
 from typer.testing import CliRunner
 
@@ -23,28 +25,6 @@ runner = CliRunner()
 KEY_ENV = "OPFORGE_TEST_LLM_KEY"
 KEY = "sk-test-not-a-real-key"
 
-REQUEST = """\
-name: scaled_cumsum
-description: Row-wise running sum, scaled; a scan the templates have no lowering for
-category: other
-inputs:
-  x: {shape: [N, M], dtype: [float32]}
-attributes:
-  alpha: {type: float, default: 1.5}
-outputs:
-  out: {shape: [N, M], dtype: like x}
-reference: reference.py:forward
-backward: false
-shapes:
-  p0: [{N: 8, M: 40}]
-"""
-REFERENCE = """\
-import torch
-
-
-def forward(x: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
-    return torch.cumsum(x, dim=-1) * alpha
-"""
 RIGHT = '''\
 import torch
 import triton
@@ -304,6 +284,35 @@ def test_draft_cli_gives_up_clearly_on_a_model_that_never_writes(tmp_path):
                                   "--llm-config", str(cfg)])
     assert res.exit_code == 1 and "no valid request" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "req").exists()
+
+
+@pytest.mark.parametrize("out, why", [
+    ("afile", "{t}/afile: is a file; --out names the request folder to write"),
+    ("afile/req", "{t}/afile/req: cannot create it: {t}/afile is a file, not a folder"),
+    ("full", "{t}/full: folder exists and is not empty (or --force to replace it)"),
+])
+def test_draft_refuses_an_out_it_cannot_write_before_asking_the_model(tmp_path, out, why):
+    """Checked before the configuration is read, so no model is needed (and none is asked) to hear it."""
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.py").write_text("")
+    res = runner.invoke(app, ["op", "draft", "a scaled sine", "--out", str(tmp_path / out),
+                              "--llm-config", str(tmp_path / "no-such.yaml")])
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert res.stderr == f"error: {why.format(t=tmp_path)}\n"
+    res = runner.invoke(app, ["op", "draft", "a scaled sine", "--out", str(tmp_path / out), "--json"])
+    assert res.exit_code == 2 and json.loads(res.stdout)["error"] == {
+        "where": str(tmp_path / out), "what": why.format(t=tmp_path).split(": ", 1)[1], "exit_code": 2}
+
+
+def test_draft_request_checks_out_itself_with_force_only_for_a_folder(tmp_path):
+    from opforge.errors import InputError
+    from opforge.llm.config import LlmConfig
+    from opforge.llm.request_draft import draft_request
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(InputError, match="is a file"):  # --force replaces a folder, never a file
+        draft_request("a scaled sine", tmp_path / "afile", LlmConfig(provider="openai", model="m"), force=True)
 
 
 def test_anthropic_messages_through_the_official_sdk(tmp_path):

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import openpyxl
 import pytest
+import yaml
+from registry_data import by_codegen_yaml, native_yaml
 from typer.testing import CliRunner
 
 from opforge.cli import app
 from opforge.skills.pr_analysis import analyze_window, load_profile
 from opforge.skills.pr_analysis.synthrepo import build_repo
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-OP_PLUGIN = DATA / "op_plugin_functions.yaml"
 N_COMMITS = 62  # every scenario twice
 AFTER_IMPORT = "2026-01-01T00:10:00Z"  # the base commit is at 00:00, scenarios every 30 minutes after it
 
@@ -23,10 +23,14 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def op_plugin():
-    if not OP_PLUGIN.is_file():
-        pytest.skip("shared/data/op_plugin_functions.yaml is not beside the checkout")
-    return load_profile(str(OP_PLUGIN))
+def npu_yaml() -> Path:
+    """Every overload torch_npu implements (its own and op-plugin's), from the torch-npu wheel on the registry."""
+    return by_codegen_yaml()
+
+
+@pytest.fixture(scope="module")
+def op_plugin(npu_yaml):
+    return load_profile(str(npu_yaml))
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +45,29 @@ def reports(synth, op_plugin):
     repo, _ = synth
     return {"op_plugin": analyze_window(repo, op_plugin, since=AFTER_IMPORT),
             "generic": analyze_window(repo, load_profile(None), since=AFTER_IMPORT)}
+
+
+def _independent_overloads(path: Path) -> dict[str, set[str]]:
+    """Each section's overloads, the plain way: a name, or the name before the schema's '(' in `func`."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {section: {(e if isinstance(e, str) else e["func"]).split("(", 1)[0].strip() for e in entries}
+            for section, entries in doc.items() if isinstance(entries, list)}
+
+
+def test_profiles_from_the_torch_npu_wheel_list_every_overload_of_the_yaml(npu_yaml, op_plugin):
+    own_yaml = native_yaml()
+    for path in (own_yaml, npu_yaml):
+        sections = _independent_overloads(path)
+        prof = load_profile(str(path))
+        assert prof.operators == set().union(*sections.values()), path
+        assert prof.autograd_ops == sections.get("autograd", set()), path
+        assert prof.name == "NPU" and prof.dispatch_key == "PrivateUse1" and not prof.loose
+    # torch_npu's own registrations, `- func: NAME` entries with options among them, are part of the full set
+    own = load_profile(str(own_yaml))
+    named = [e["func"] for e in yaml.safe_load(own_yaml.read_text(encoding="utf-8"))["supported"]
+             if isinstance(e, dict) and "(" not in e["func"]]
+    assert named and all(own.implements(op) for op in named)
+    assert own.operators < op_plugin.operators
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -156,11 +183,11 @@ def test_profile_without_an_integration_point_grades_it_medium(synth, tmp_path):
     assert rep["profile"]["integration_points"] == ["dispatch_keys"]
 
 
-def test_cli_writes_xlsx_json_md_with_links(synth, tmp_path):
+def test_cli_writes_xlsx_json_md_with_links(synth, npu_yaml, tmp_path):
     repo, expected = synth
     out, js, md = tmp_path / "r.xlsx", tmp_path / "r.json", tmp_path / "r.md"
     res = runner.invoke(app, ["pr-analysis", "--repo", str(repo), "--since", AFTER_IMPORT, "--backend",
-                              str(OP_PLUGIN), "--out", str(out), "--json", str(js), "--md", str(md)])
+                              str(npu_yaml), "--out", str(out), "--json", str(js), "--md", str(md)])
     assert res.exit_code == 0, res.output
     rep = json.loads(js.read_text())
     wb = openpyxl.load_workbook(out)
@@ -214,23 +241,36 @@ def test_empty_window_is_a_valid_empty_report(synth, tmp_path):
     (["--repo", "{repo}", "--range", "main..no-such-branch"], "--range: unknown revision 'no-such-branch'"),
     (["--repo", "{repo}"], "--since: a window needs"),
     (["--repo", "{repo}", "--since", "2026-01-01", "--backend", "{tmp}/missing.yaml"], "--backend: no such file"),
-    (["--repo", "{repo}", "--since", "2026-01-01", "--out", "{tmp}/no/dir/r.xlsx"], "--out: folder does not exist"),
+    (["--repo", "{repo}", "--since", "2026-01-01", "--out", "{tmp}/no/dir/r.xlsx"],
+     "--out: {tmp}/no/dir/r.xlsx: {tmp}/no/dir does not exist"),
+    (["--repo", "{repo}", "--since", "2026-01-01", "--out", "{tmp}/adir"],
+     "--out: {tmp}/adir: is a folder; --out names a file to write"),
+    (["--repo", "{repo}", "--since", "2026-01-01", "--out", "{tmp}/afile/r.xlsx"],
+     "--out: {tmp}/afile/r.xlsx: {tmp}/afile is a file, not a folder"),
+    (["--repo", "{repo}", "--since", "2026-01-01", "--md", "{tmp}/adir"],
+     "--md: {tmp}/adir: is a folder; --md names a file to write"),
+    (["--repo", "{repo}", "--since", "2026-01-01", "--json", "{tmp}/afile/r.json"],
+     "--json: {tmp}/afile/r.json: {tmp}/afile is a file, not a folder"),
     (["--from-torch", "installed"], "--to-torch: release mode needs both"),
 ])
 def test_bad_input_exits_2_with_one_line(synth, tmp_path, argv, where):
     repo, _ = synth
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
     argv = [a.format(tmp=tmp_path, repo=repo) for a in argv]
     res = runner.invoke(app, ["pr-analysis", *argv, "--out", str(tmp_path / "r.xlsx")] if "--out" not in argv
                         else ["pr-analysis", *argv])
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and where in lines[0], res.stderr
+    assert len(lines) == 1 and where.format(tmp=tmp_path) in lines[0], res.stderr
 
 
 @pytest.mark.parametrize("name, text, where", [
     ("bad.yaml", "official:\n  - func: add.Tensor(Tensor self\n    op_api: [v2.1\n", "bad.yaml:"),
     ("noplugin.yaml", "official:\n  - op_api: all_version\n", "noplugin.yaml: official[0]"),
     ("list.txt", "add.Tensor\nthis is not an op\n", "list.txt:2"),
+    ("npu.yaml", "backend: NPU\nsupported:\n  - clone\n  - func: not an op\n    op_api: True\n",
+     "npu.yaml: supported[1]"),
     ("points.yaml", "operators: [add.Tensor]\nintegration_points: [warp_drive]\n", "points.yaml: integration_points"),
     ("empty.txt", "# nothing\n", "empty.txt: the operator list is empty"),
 ])

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import make_request
 from typer.testing import CliRunner
 
 from opforge.cli import app
+from opforge.errors import InputError
+from opforge.request import FORMAT, load_request
 
 CASES = {
     "missing_field": (lambda d: d.pop("category"), None, "category: missing required field"),
@@ -28,6 +31,20 @@ CASES = {
     "index_with_grad": (lambda d: d["inputs"]["scale"].update(dtype="int64", range=[0, "M"]), None,
                         "scale.requires_grad: an index input has no gradient"),
     "edges_on_float": (lambda d: d["inputs"]["scale"].update(edges=[-100]), None, "scale.edges: only index inputs"),
+    "typo_in_perf_target": (lambda d: d.update(perf_target={"speedup_vs_eagr": 2.0}), None,
+                            "request.yaml: perf_target.speedup_vs_eagr: unknown key; allowed: speedup_vs_eager"),
+    "typo_in_input": (lambda d: d["inputs"]["scale"].update(requires_gard=False), None,
+                      "request.yaml: inputs.scale.requires_gard: unknown key; allowed: shape, dtype, requires_grad, "
+                      "range, edges"),
+    # the probe sizes the reference was traced at (N=5, M=7, K=11) are named by the request's symbols
+    "shapes_do_not_broadcast": (lambda d: (d["inputs"]["scale"].update(shape=["K"]),
+                                           d["shapes"].update(p0=[{"N": 48, "M": 80, "K": 16}])), None,
+                                "request.yaml: inputs: weight has shape [N, M] and scale [K]: M and K must be equal "
+                                "for reference.py:forward (it raised: The size of tensor a (M) must match the size "
+                                "of tensor b (K) at non-singleton dimension 1)"),
+    "probe_sizes_named": (None, "def forward(weight, scale, eps=1e-4, qmin=-128.0, qmax=127.0):\n"
+                                "    return weight @ scale\n",
+                          "mat1 and mat2 shapes cannot be multiplied (5x7 and 1x1) (called with N=5, M=7)"),
 }
 
 
@@ -69,6 +86,97 @@ def test_real_entry_point_reports_one_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: request.yaml: inputs: missing required field"]
+
+
+def _mapping_in(doc: dict, mapping: str) -> tuple[dict, str]:
+    """The mapping of `doc` that FORMAT calls `mapping`, and its path there ('inputs.<name>': the first input)."""
+    node, path = doc, []
+    for part in filter(None, mapping.split(".")):
+        key = next(iter(node)) if part.startswith("<") else part
+        node, path = node[key], path + [key]
+    return node, ".".join(path + ["colour"])
+
+
+@pytest.mark.parametrize("mapping", list(FORMAT))
+def test_every_mapping_refuses_an_unknown_key(tmp_path, mapping):
+    where = []
+
+    def edit(doc):
+        doc["tolerance"] = {"float32": {"atol": 1e-5}}  # the demo has none
+        node, path = _mapping_in(doc, mapping)
+        node["colour"] = "blue"
+        where.append(path)
+
+    req = make_request(tmp_path / "req", edit=edit)
+    with pytest.raises(InputError) as err:
+        load_request(req)
+    assert str(err.value) == f"request.yaml: {where[0]}: unknown key; allowed: {', '.join(FORMAT[mapping])}"
+
+
+@pytest.mark.parametrize("edit,text", [
+    (None, "name: [unclosed\n"),
+    (None, "- just\n- a list\n"),
+    (lambda d: d.update(outputs={"a": None, "b": None}), None),  # found when the reference is traced
+    (lambda d: [s.update(requires_grad=False) for s in d["inputs"].values()], None),
+], ids=["not_yaml", "not_a_mapping", "outputs_count", "backward_without_grads"])
+def test_every_error_about_request_yaml_has_one_prefix(tmp_path, edit, text):
+    """Whichever check finds it (the YAML parser, the validator, the trace), the line starts the same way."""
+    req = make_request(tmp_path / "req", edit=edit)
+    if text is not None:
+        (req / "request.yaml").write_text(text)
+    result = CliRunner().invoke(app, ["op", "run", str(req), "--out", str(tmp_path / "ws")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: request.yaml: "), result.output
+
+
+def _one_line_exit_2(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.output
+
+
+def test_out_that_is_a_file_is_bad_input(tmp_path):
+    req = make_request(tmp_path / "req")
+    (tmp_path / "afile").write_text("mine\n")
+    proc = subprocess.run([sys.executable, "-m", "opforge", "op", "run", str(req), "--out", str(tmp_path / "afile")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'afile'}: is a file; --out names the workspace folder to create"]
+    assert (tmp_path / "afile").read_text() == "mine\n"
+    _one_line_exit_2(["op", "run", str(req), "--out", str(tmp_path / "afile" / "ws")],
+                     f"{tmp_path / 'afile' / 'ws'}: cannot create it: {tmp_path / 'afile'} is a file, not a folder")
+
+
+def test_out_that_cannot_be_written_is_bad_input(tmp_path, monkeypatch):
+    req = make_request(tmp_path / "req")
+    out = tmp_path / "ro" / "ws"
+    (tmp_path / "ro").mkdir()
+    # as root a read-only folder is still writable: stand in for the permission check, then for the OS
+    monkeypatch.setattr("os.access", lambda path, mode: Path(path) != tmp_path / "ro")
+    _one_line_exit_2(["op", "run", str(req), "--out", str(out)], f"{out}: cannot create it: {tmp_path / 'ro'} is not "
+                                                                 "writable")
+    monkeypatch.undo()
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / ".ws.abc"))
+
+    monkeypatch.setattr("tempfile.mkdtemp", refuse)
+    _one_line_exit_2(["op", "run", str(req), "--out", str(out)], f"{out}: cannot create it: Permission denied")
+    assert not list((tmp_path / "ro").iterdir())
+
+
+@pytest.mark.parametrize("command", ["catalog", "compile"])
+def test_bench_report_paths_are_checked_before_the_run(tmp_path, command):
+    (tmp_path / "afile").write_text("")
+    _one_line_exit_2(["bench", command, "--ops", "softmax", "--json", str(tmp_path)],
+                     f"--json: {tmp_path}: is a folder; --json names a file to write")
+    _one_line_exit_2(["bench", command, "--ops", "softmax", "--md", str(tmp_path / "nope" / "r.md")],
+                     f"--md: {tmp_path / 'nope' / 'r.md'}: {tmp_path / 'nope'} does not exist")
+    _one_line_exit_2(["bench", command, "--ops", "softmax", "--md", str(tmp_path / "afile" / "r.md")],
+                     f"--md: {tmp_path / 'afile' / 'r.md'}: {tmp_path / 'afile'} is a file, not a folder")
 
 
 def test_corrupt_state_file_is_reported_not_replaced(tmp_path):

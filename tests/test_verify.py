@@ -185,3 +185,16 @@ def test_the_interpreter_runs_the_shipped_blocks_and_larger_ones_only_past_the_l
     impl = SimpleNamespace(INTERPRET=False, op=op, **shipped)  # a GPU runs what ships, at every size
     assert "interpreter_blocks" not in check_case(impl, golden, big, spec, seed=1, with_eager=False)
     assert seen == [(1024, 4096)]
+
+
+def test_quick_p0_scales_each_shape_down_to_the_interpreters_size():
+    from opforge.verify.cases import SHIPPED_BLOCKS_UP_TO, quick_p0
+
+    def numel(b):
+        return b["N"] * b["M"]
+    p0 = [{"N": 1024, "M": 2048}, {"N": 4096, "M": 4096}, {"N": 3, "M": 5}]
+    got = quick_p0(p0, numel)
+    # the largest size halved in turn: both large shapes meet at 256 x 256 (one case), a small one is kept
+    assert got == [{"N": 256, "M": 256}, {"N": 3, "M": 5}]
+    assert all(numel(b) <= SHIPPED_BLOCKS_UP_TO for b in got)
+    assert quick_p0([{"N": 70000, "M": 1}], numel) == [{"N": 35000, "M": 1}]  # odd sizes round up

@@ -1,7 +1,17 @@
 """The `opforge` command. One sub-command group per skill family; `op` is the operator factory.
 
-Exit codes: 0 success; 1 a run that ended BLOCKED for a reason other than its input, or failing gates;
-2 bad input (one line naming the field or file), including requests the engine cannot build.
+Exit codes, the same vocabulary for every command (README.md has the table per command):
+0 success: the run succeeded, the gates hold, every case is consistent, nothing is left to fix;
+1 the command ran and its verdict is negative: a run that ended BLOCKED for a reason other than its input,
+  a failing gate or skill, a case with a finding, residual lint issues, a kernel that does not compile,
+  a model that gave no usable answer;
+2 bad input (one line naming the field or file), including requests the engine cannot build (BLOCKED_SPEC,
+  BLOCKED_API) and usage errors. `opforge-hook gate` / `opforge hooks gate` follow the agent hosts' own
+  convention instead: 2 means "blocked, a gate fails".
+
+Streams: results (tables, summaries, JSON) go to stdout, progress and diagnostics to stderr, so that
+`opforge op status WS | less` and `opforge ... --json | jq` both work. A non-zero exit says why in one line on
+stderr; with --json an error is also JSON on stdout: {"error": {"where": ..., "what": ..., "exit_code": 2}}.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opforge.bench.cli import bench_app
-from opforge.errors import InputError
+from opforge.errors import InputError, json_error, report_error
 from opforge.hosts.cli import hooks_app, init_cmd, skills_app
 from opforge.llm.cli import draft_cmd
 from opforge.skills.api_consistency.command import api_consistency
@@ -36,13 +46,15 @@ app.add_typer(hooks_app, name="hooks")
 app.add_typer(bench_app, name="bench")
 app.command("init")(init_cmd)
 
-console = Console(stderr=True)
+out_console = Console()  # results: status and gate tables
+err_console = Console(stderr=True)  # progress: the spinner and each stage's mark while a run goes on
 INPUT_TERMINALS = ("BLOCKED_SPEC", "BLOCKED_API")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _fail_input(exc: InputError) -> None:
-    typer.echo(f"error: {exc}", err=True)
+def _fail_input(exc: InputError, as_json: bool = False) -> None:
+    """Exit 2 with one line on stderr; with --json the same error as JSON on stdout too."""
+    report_error(typer.echo, exc.where, exc.what, 2, as_json=as_json)
     raise typer.Exit(2)
 
 
@@ -64,9 +76,9 @@ def _finish(state, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(state.to_dict(), indent=2))
     else:
-        console.print(_status_table(state))
+        out_console.print(_status_table(state))
     term = (state.terminal or {}).get("status")
-    if term and term != "SUCCESS":
+    if term and term != "SUCCESS":  # the state above says it too; this is the non-zero exit's one line
         typer.echo(f"{term}: {state.terminal['reason']}", err=True)
         raise typer.Exit(2 if term in INPUT_TERMINALS else 1)
     if not term:
@@ -85,13 +97,13 @@ def _run(ws_dir: Path, only: int | None, as_json: bool, **engine):
             if not as_json:
                 typer.echo(f"stage {stage} {event}: {text}", err=True)
         return run_stages(ws_dir, only=only, progress=progress)
-    with console.status("starting") as status:
+    with err_console.status("starting") as status:
         def progress(event, stage, text):
             if event == "start":
                 status.update(f"stage {stage}: {text} …")
             else:
                 mark = {"completed": "[green]✓[/]", "skipped": "[cyan]↷[/]"}.get(event, "[red]✗[/]")
-                console.print(f"{mark} stage {stage}: {text}")
+                err_console.print(f"{mark} stage {stage}: {text}")
         return run_stages(ws_dir, only=only, progress=progress)
 
 
@@ -101,6 +113,8 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
            force: bool = typer.Option(False, help="replace a non-empty --out folder"),
            engine: str = typer.Option("deterministic", "--engine", help="deterministic | llm | auto | host"),
            llm_config: Path = typer.Option(None, "--llm-config", help="model endpoint configuration (YAML)"),
+           quick: bool = typer.Option(False, "--quick", help="a first run: Level 0 at the p0 shapes scaled down "
+                                      "(at most 65,536 elements), CPU timings at one shape and dtype"),
            as_json: bool = typer.Option(False, "--json", help="print the final state as JSON")):
     """Build an operator through all seven stages."""
     from opforge.llm.engines import make_engine
@@ -108,10 +122,10 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
 
     try:
         make_engine(engine, llm_config)  # a bad engine or model configuration stops before anything is written
-        ws = create_workspace(request_dir, out, force=force)
+        ws = create_workspace(request_dir, out, force=force, quick=quick)
         state = _run(ws.root, None, as_json, engine=engine, llm_config=llm_config)
     except InputError as exc:
-        _fail_input(exc)
+        _fail_input(exc, as_json)
     _finish(state, as_json)
 
 
@@ -125,7 +139,7 @@ def op_resume(ws_dir: Path = typer.Argument(..., help="workspace folder"),
     try:
         state = _run(ws_dir, None, as_json, engine=engine, llm_config=llm_config)
     except InputError as exc:
-        _fail_input(exc)
+        _fail_input(exc, as_json)
     _finish(state, as_json)
 
 
@@ -137,13 +151,13 @@ def op_status(ws_dir: Path = typer.Argument(...), as_json: bool = typer.Option(F
     try:
         state = load_state(ws_dir)
     except InputError as exc:
-        _fail_input(exc)
+        _fail_input(exc, as_json)
     if as_json:
         typer.echo(json.dumps(state.to_dict(), indent=2))
     else:
-        console.print(_status_table(state))
+        out_console.print(_status_table(state))
         if state.terminal:
-            typer.echo(f"terminal: {state.terminal['status']}: {state.terminal['reason']}", err=True)
+            typer.echo(f"terminal: {state.terminal['status']}: {state.terminal['reason']}")
 
 
 @op_app.command("stage")
@@ -153,7 +167,7 @@ def op_stage(ws_dir: Path = typer.Argument(...), n: int = typer.Argument(..., mi
     try:
         state = _run(ws_dir, n, as_json)
     except InputError as exc:
-        _fail_input(exc)
+        _fail_input(exc, as_json)
     _finish(state, as_json)
 
 
@@ -168,7 +182,7 @@ def op_gate(ws_dir: Path = typer.Argument(...), stage: int = typer.Option(..., "
     try:
         state = load_state(ws_dir)
     except InputError as exc:
-        _fail_input(exc)
+        _fail_input(exc, as_json)
     results = run_gates(Workspace(Path(ws_dir), state.op_name), stage, state)
     if as_json:
         typer.echo(json.dumps({"stage": stage, "results": results,
@@ -180,7 +194,7 @@ def op_gate(ws_dir: Path = typer.Argument(...), stage: int = typer.Option(..., "
         for r in results:
             t.add_row(r["id"], r["severity"], r["dimension"], "[green]pass[/]" if r["passed"] else "[red]FAIL[/]",
                       r["message"] or r["doc"])
-        console.print(t)
+        out_console.print(t)
     raise typer.Exit(1 if blocking_failures(results) else 0)
 
 
@@ -193,7 +207,7 @@ def op_rollback(ws_dir: Path = typer.Argument(...), to: int = typer.Option(..., 
     try:
         restored = rollback(ws_dir, to)
     except InputError as exc:
-        _fail_input(exc)
+        _fail_input(exc, as_json)
     if as_json:
         typer.echo(json.dumps({"to_stage": to, "restored": restored}))
     else:
@@ -218,7 +232,7 @@ def op_ops(as_json: bool = typer.Option(False, "--json"),
         t.add_column(col)
     for r in rows:
         t.add_row(r["op"], r["kind"], r["triton"], "yes" if r["exact"] else "no")
-    Console().print(t)
+    out_console.print(t)
 
 
 @op_app.command("catalog")
@@ -244,11 +258,55 @@ def op_catalog(as_json: bool = typer.Option(False, "--json"),
     for r in rows:
         t.add_row(r["name"], r.get("category", "?"), ", ".join(r.get("dtypes", [])), str(r.get("backward", "")),
                   r.get("description", r.get("error", "")))
-    Console().print(t)
+    out_console.print(t)
+
+
+# click's ClickException, or the copy of it that recent typer versions vendor
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _json_requested(args: list[str]) -> bool:
+    """Whether the command line asks for JSON on stdout: a --json flag, or `--json -` where --json takes a file."""
+    from typer.core import TyperGroup
+
+    cmd, rest = typer.main.get_command(app), list(args)
+    while isinstance(cmd, TyperGroup):
+        names = [a for a in rest if not a.startswith("-")]
+        if not names or names[0] not in cmd.commands:
+            return False
+        cmd, rest = cmd.commands[names[0]], rest[rest.index(names[0]) + 1:]
+    param = next((p for p in cmd.params if "--json" in getattr(p, "opts", ())), None)
+    if param is None:
+        return False
+    if getattr(param, "is_flag", False):
+        return "--json" in rest
+    i = rest.index("--json") if "--json" in rest else -1
+    return "--json=-" in rest or (i >= 0 and rest[i + 1:i + 2] == ["-"])
 
 
 def main() -> None:
-    app()
+    """The console script: app(), but a usage error (a missing argument, an unknown option) of a command asked
+    for JSON is also JSON on stdout."""
+    args = sys.argv[1:]
+    try:
+        code = app(args=args, standalone_mode=False)
+    except _USAGE_ERROR as exc:
+        if _json_requested(args):
+            param = getattr(exc, "param", None)  # the option or argument at fault, when there is one
+            where = ((getattr(param, "opts", None) or [getattr(param, "name", None)])[0] if param else None) or \
+                getattr(exc, "option_name", None) or "usage"
+            typer.echo(json_error(where, exc.format_message(), exc.exit_code))
+        try:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)
+        except ImportError:  # typer without rich: click's plain message
+            exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

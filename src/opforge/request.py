@@ -1,7 +1,8 @@
 """The request: a folder with request.yaml and the PyTorch reference it names (DESIGN.md, "Request").
 
 `load_request` validates everything that can be checked without running the reference and raises
-`InputError` naming the field (``request.yaml: inputs.weight.dtype``) on the first problem.
+`InputError` naming the field (``request.yaml: inputs.weight.dtype``) on the first problem. Each mapping takes
+only the keys `FORMAT` lists; docs/request.md documents them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,50 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # a dimension may be a product of symbols and sizes ("G*32": groups of 32), for sizes tied to each other
 _PRODUCT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*)(\s*\*\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*))*\s*$")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a request.yaml mapping: the YAML types it takes, and whether it must be there."""
+
+    types: type | tuple[type, ...]
+    required: bool = False
+
+
+# The request format as data: each mapping of request.yaml (by its path; <name> and <dtype> stand for keys the user
+# picks) and the keys it takes. The validator refuses any other key, and tests/test_request_doc.py holds
+# docs/request.md to this table both ways.
+FORMAT: dict[str, dict[str, Key]] = {
+    "": {"name": Key(str, True), "description": Key(str, True), "category": Key(str, True),
+         "inputs": Key(dict, True), "attributes": Key(dict), "outputs": Key(dict), "reference": Key(str, True),
+         "backward": Key(bool), "shapes": Key(dict, True), "tolerance": Key(dict), "perf_target": Key(dict),
+         "deterministic": Key(bool)},
+    "inputs.<name>": {"shape": Key(list, True), "dtype": Key((str, list), True), "requires_grad": Key(bool),
+                      "range": Key(list), "edges": Key(list)},
+    "attributes.<name>": {"type": Key(str, True), "default": Key((int, float, bool), True)},
+    "outputs.<name>": {"shape": Key(list), "dtype": Key((str, list))},
+    "shapes": {"p0": Key(list, True)},
+    "tolerance.<dtype>": {"atol": Key((int, float)), "rtol": Key((int, float))},
+    "perf_target": {"speedup_vs_eager": Key((int, float))},
+}
+
+
+def format_fields() -> list[str]:
+    """Every field the format takes, as a dotted path ('inputs.<name>.dtype'): what docs/request.md documents."""
+    return [f"{m}.{k}" if m else k for m, keys in FORMAT.items() for k in keys]
+
+
+def _bad(path: str, what: str) -> InputError:
+    # one prefix for every error about the request file, whichever check finds it
+    return InputError(f"{REQUEST_FILE}: {path}" if path else REQUEST_FILE, what)
+
+
+def _keys(doc: dict, mapping: str, where: str) -> None:
+    """Refuse a key the mapping does not take (a typo would otherwise be ignored in silence)."""
+    allowed = FORMAT[mapping]
+    for k in doc:
+        if k not in allowed:
+            raise _bad(f"{where}{k}", f"unknown key; allowed: {', '.join(allowed)}")
 
 
 def dim_symbols(d) -> list[str]:
@@ -136,15 +181,18 @@ def load_function(path: Path, func: str, where: str) -> Callable:
     return fn
 
 
-def _field(doc: dict, key: str, where: str, types, required=True, default=None):
+def _field(doc: dict, mapping: str, key: str, where: str, default=None):
+    """doc[key], checked against the key's FORMAT entry; `where` is doc's own path ('inputs.x.')."""
+    spec = FORMAT[mapping][key]
     if key not in doc or doc[key] is None:
-        if required:
-            raise InputError(f"{REQUEST_FILE}: {where}{key}", "missing required field")
+        if spec.required:
+            raise _bad(f"{where}{key}", "missing required field")
         return default
     value = doc[key]
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-        names = "/".join(t.__name__ for t in _as_tuple(types))
-        raise InputError(f"{REQUEST_FILE}: {where}{key}", f"expected {names}, got {type(value).__name__}")
+    types = _as_tuple(spec.types)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        names = "/".join(t.__name__ for t in types)
+        raise _bad(f"{where}{key}", f"expected {names}, got {type(value).__name__}")
     return value
 
 
@@ -155,29 +203,43 @@ def _as_tuple(types):
 def _dtype_list(value, where: str) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
-        raise InputError(where, "expected a dtype or a non-empty list of dtypes")
+        raise _bad(where, "expected a dtype or a non-empty list of dtypes")
     for d in items:
         if d not in FLOAT_DTYPES:
-            raise InputError(where, f"unknown dtype {d!r} (expected one of {', '.join(FLOAT_DTYPES)})")
+            raise _bad(where, f"unknown dtype {d!r} (expected one of {', '.join(FLOAT_DTYPES)})")
     return list(items)
+
+
+def _shape(shape: list, where: str) -> None:
+    for d in shape:
+        ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
+            isinstance(d, str) and _PRODUCT.match(d) and dim_symbols(d))
+        if not ok:
+            raise _bad(where, f"{d!r} is neither a symbol, a product like 'G*32', nor a positive int")
 
 
 def _index_range(rng, edges, requires_grad: bool, where: str) -> tuple:
     """An index input's [low, high): ints, or a shape entry for the bound ('V', the number of classes)."""
     if requires_grad:
-        raise InputError(f"{where}requires_grad", "an index input has no gradient")
+        raise _bad(f"{where}requires_grad", "an index input has no gradient")
     if rng is None or len(rng) != 2:
-        raise InputError(f"{where}range", "an index input needs [low, high): e.g. [0, V] for class labels")
+        raise _bad(f"{where}range", "an index input needs [low, high): e.g. [0, V] for class labels")
     for v in rng:
         ok = (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and _PRODUCT.match(v)
                                                                    and dim_symbols(v))
         if not ok:
-            raise InputError(f"{where}range", f"{v!r} is neither an int nor a size such as 'V'")
+            raise _bad(f"{where}range", f"{v!r} is neither an int nor a size such as 'V'")
     if all(isinstance(v, int) for v in rng) and not rng[0] < rng[1]:
-        raise InputError(f"{where}range", "expected [low, high) with low < high")
+        raise _bad(f"{where}range", "expected [low, high) with low < high")
     if not all(isinstance(e, int) and not isinstance(e, bool) for e in edges):
-        raise InputError(f"{where}edges", "expected a list of ints (e.g. [-100], an ignore_index)")
+        raise _bad(f"{where}edges", "expected a list of ints (e.g. [-100], an ignore_index)")
     return tuple(rng)
+
+
+def _mapping(value, where: str, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise _bad(where, f"expected a mapping {what}")
+    return value
 
 
 def load_request(request_dir: str | Path) -> Request:
@@ -186,146 +248,150 @@ def load_request(request_dir: str | Path) -> Request:
     if not rdir.is_dir():
         raise InputError(str(rdir), "request folder not found")
     if not path.is_file():
-        raise InputError(str(path), "no request.yaml in the request folder")
+        raise InputError(str(rdir), f"no {REQUEST_FILE} in the request folder")
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(str(path), f"not valid YAML{at}") from None
+        raise _bad("", f"not valid YAML{at}") from None
     if not isinstance(doc, dict):
-        raise InputError(str(path), "expected a mapping at the top level")
+        raise _bad("", "expected a mapping at the top level")
+    _keys(doc, "", "")
 
-    name = _field(doc, "name", "", str)
+    name = _field(doc, "", "name", "")
     if not _NAME.match(name) or keyword.iskeyword(name):
-        raise InputError(f"{REQUEST_FILE}: name", f"{name!r} is not a snake_case identifier")
-    description = _field(doc, "description", "", str)
-    category = _field(doc, "category", "", str)
+        raise _bad("name", f"{name!r} is not a snake_case identifier")
+    description = _field(doc, "", "description", "")
+    category = _field(doc, "", "category", "")
     if category not in CATEGORIES:
-        raise InputError(f"{REQUEST_FILE}: category", f"{category!r} is not one of {', '.join(CATEGORIES)}")
+        raise _bad("category", f"{category!r} is not one of {', '.join(CATEGORIES)}")
 
-    raw_inputs = _field(doc, "inputs", "", dict)
+    raw_inputs = _field(doc, "", "inputs", "")
     if not raw_inputs:
-        raise InputError(f"{REQUEST_FILE}: inputs", "at least one tensor input is required")
-    backward = _field(doc, "backward", "", bool, required=False, default=False)
+        raise _bad("inputs", "at least one tensor input is required")
+    backward = _field(doc, "", "backward", "", default=False)
     inputs: list[InputSpec] = []
     for i, (iname, spec) in enumerate(raw_inputs.items()):
         where = f"inputs.{iname}."
-        if not isinstance(spec, dict):
-            raise InputError(f"{REQUEST_FILE}: inputs.{iname}", "expected a mapping with shape and dtype")
+        _mapping(spec, f"inputs.{iname}", "with shape and dtype")
         if not _SYMBOL.match(str(iname)) or keyword.iskeyword(str(iname)):
-            raise InputError(f"{REQUEST_FILE}: inputs.{iname}", "not a valid Python identifier")
-        shape = _field(spec, "shape", where, list)
-        for d in shape:
-            ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
-                isinstance(d, str) and _PRODUCT.match(d) and dim_symbols(d))
-            if not ok:
-                raise InputError(f"{REQUEST_FILE}: {where}shape",
-                                 f"{d!r} is neither a symbol, a product like 'G*32', nor a positive int")
-        dtype = _field(spec, "dtype", where, (str, list))
+            raise _bad(f"inputs.{iname}", "not a valid Python identifier")
+        _keys(spec, "inputs.<name>", where)
+        shape = _field(spec, "inputs.<name>", "shape", where)
+        _shape(shape, f"{where}shape")
+        dtype = _field(spec, "inputs.<name>", "dtype", where)
         like = None
         if dtype in INDEX_DTYPES:
             if i == 0:
-                raise InputError(f"{REQUEST_FILE}: {where}dtype", "the first input sets the operator's dtypes and "
-                                                                  "must be floating; put index inputs after it")
+                raise _bad(f"{where}dtype", "the first input sets the operator's dtypes and must be floating; put "
+                                            "index inputs after it")
             dtypes = [dtype]
         elif isinstance(dtype, str) and dtype.startswith("like "):
             like = dtype[5:].strip()
             target = next((s for s in inputs if s.name == like), None)
             if target is None:
-                raise InputError(f"{REQUEST_FILE}: {where}dtype", f"'like {like}' names no earlier input")
+                raise _bad(f"{where}dtype", f"'like {like}' names no earlier input")
             dtypes = list(target.dtypes)
         else:
-            dtypes = _dtype_list(dtype, f"{REQUEST_FILE}: {where}dtype")
+            dtypes = _dtype_list(dtype, f"{where}dtype")
         default_grad = backward and dtypes[0] not in INDEX_DTYPES
-        rg = _field(spec, "requires_grad", where, bool, required=False, default=default_grad)
-        rng = _field(spec, "range", where, list, required=False, default=None)
-        edges = _field(spec, "edges", where, list, required=False, default=[])
+        rg = _field(spec, "inputs.<name>", "requires_grad", where, default=default_grad)
+        rng = _field(spec, "inputs.<name>", "range", where)
+        edges = _field(spec, "inputs.<name>", "edges", where, default=[])
         if dtypes[0] in INDEX_DTYPES:
-            rng = _index_range(rng, edges, rg, f"{REQUEST_FILE}: {where}")
+            rng = _index_range(rng, edges, rg, where)
         elif rng is not None:
             if len(rng) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in rng) \
                     or not rng[0] < rng[1]:
-                raise InputError(f"{REQUEST_FILE}: {where}range", "expected [low, high] with low < high")
+                raise _bad(f"{where}range", "expected [low, high] with low < high")
             rng = (float(rng[0]), float(rng[1]))
         if edges and dtypes[0] not in INDEX_DTYPES:
-            raise InputError(f"{REQUEST_FILE}: {where}edges", f"only index inputs ({', '.join(INDEX_DTYPES)}) "
-                                                             "take edge values")
-        unknown = sorted(set(spec) - {"shape", "dtype", "requires_grad", "range", "edges"})
-        if unknown:
-            raise InputError(f"{REQUEST_FILE}: {where}{unknown[0]}", "unknown field")
+            raise _bad(f"{where}edges", f"only index inputs ({', '.join(INDEX_DTYPES)}) take edge values")
         inputs.append(InputSpec(str(iname), shape, dtypes, like, rg, rng, list(edges)))
     symbols = {sym for s in inputs for d in s.shape for sym in dim_symbols(d)}
     for s in inputs:
         unknown = [sym for v in (s.range or ()) if isinstance(v, str) for sym in dim_symbols(v) if sym not in symbols]
         if unknown:
-            raise InputError(f"{REQUEST_FILE}: inputs.{s.name}.range", f"{unknown[0]!r} names no size of any input")
+            raise _bad(f"inputs.{s.name}.range", f"{unknown[0]!r} names no size of any input")
 
     attributes: list[AttrSpec] = []
-    for aname, spec in (_field(doc, "attributes", "", dict, required=False, default={}) or {}).items():
+    for aname, spec in (_field(doc, "", "attributes", "", default={})).items():
         where = f"attributes.{aname}."
-        if not isinstance(spec, dict):
-            raise InputError(f"{REQUEST_FILE}: attributes.{aname}", "expected a mapping with type and default")
-        atype = _field(spec, "type", where, str)
+        _mapping(spec, f"attributes.{aname}", "with type and default")
+        _keys(spec, "attributes.<name>", where)
+        atype = _field(spec, "attributes.<name>", "type", where)
         if atype not in ATTR_TYPES:
-            raise InputError(f"{REQUEST_FILE}: {where}type", f"{atype!r} is not one of float, int, bool")
-        default = _field(spec, "default", where, (int, float, bool))
+            raise _bad(f"{where}type", f"{atype!r} is not one of {', '.join(ATTR_TYPES)}")
+        default = _field(spec, "attributes.<name>", "default", where)
         if atype == "float" and not isinstance(default, bool):
             default = float(default)
         elif not isinstance(default, ATTR_TYPES[atype]) or (atype == "int" and isinstance(default, bool)):
-            raise InputError(f"{REQUEST_FILE}: {where}default", f"expected a {atype}, got {default!r}")
+            raise _bad(f"{where}default", f"expected a {atype}, got {default!r}")
         attributes.append(AttrSpec(str(aname), atype, default))
 
-    outputs = _field(doc, "outputs", "", dict, required=False, default=None)
+    outputs = _field(doc, "", "outputs", "")
+    for oname, spec in (outputs or {}).items():
+        # names the outputs; shape and dtype are for the reader: both are read off the reference when traced
+        where = f"outputs.{oname}."
+        if spec is None:
+            continue
+        _mapping(spec, f"outputs.{oname}", "with shape and dtype")
+        _keys(spec, "outputs.<name>", where)
+        _shape(_field(spec, "outputs.<name>", "shape", where, default=[]), f"{where}shape")
+        odtype = _field(spec, "outputs.<name>", "dtype", where)
+        if isinstance(odtype, str) and odtype.startswith("like "):
+            if odtype[5:].strip() not in {s.name for s in inputs}:
+                raise _bad(f"{where}dtype", f"'{odtype}' names no input")
+        elif odtype is not None:
+            _dtype_list(odtype, f"{where}dtype")
 
-    reference = _field(doc, "reference", "", str)
+    reference = _field(doc, "", "reference", "")
     if ":" not in reference:
-        raise InputError(f"{REQUEST_FILE}: reference", "expected 'file.py:function'")
+        raise _bad("reference", "expected 'file.py:function'")
     ref_file, ref_func = reference.rsplit(":", 1)
     if not (rdir / ref_file).is_file():
-        raise InputError(f"{REQUEST_FILE}: reference", f"reference file {ref_file} not found in {rdir}")
+        raise _bad("reference", f"reference file {ref_file} not found in {rdir}")
 
-    shapes = _field(doc, "shapes", "", dict)
-    p0 = _field(shapes, "p0", "shapes.", list)
+    shapes = _field(doc, "", "shapes", "")
+    _keys(shapes, "shapes", "shapes.")
+    p0 = _field(shapes, "shapes", "p0", "shapes.")
     if not p0:
-        raise InputError(f"{REQUEST_FILE}: shapes.p0", "at least one shape binding is required")
+        raise _bad("shapes.p0", "at least one shape binding is required")
     symbols = [sym for s in inputs for d in s.shape for sym in dim_symbols(d)]
     for k, binding in enumerate(p0):
-        where = f"{REQUEST_FILE}: shapes.p0[{k}]"
-        if not isinstance(binding, dict):
-            raise InputError(where, "expected a mapping from shape symbols to sizes")
+        where = f"shapes.p0[{k}]"
+        _mapping(binding, where, "from shape symbols to sizes")
         for sym in symbols:
             if sym not in binding:
-                raise InputError(where, f"shape symbol {sym} is not bound")
+                raise _bad(where, f"shape symbol {sym} is not bound")
         for sym, size in binding.items():
             if sym not in symbols:
-                raise InputError(where, f"{sym} is bound but no input shape uses it")
+                raise _bad(where, f"{sym} is bound but no input shape uses it")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise InputError(where, f"{sym} must be a non-negative int, got {size!r}")
+                raise _bad(where, f"{sym} must be a non-negative int, got {size!r}")
 
-    tolerance = _field(doc, "tolerance", "", dict, required=False, default={}) or {}
+    tolerance = _field(doc, "", "tolerance", "", default={})
     for dt, tol in tolerance.items():
-        where = f"{REQUEST_FILE}: tolerance.{dt}"
+        where = f"tolerance.{dt}"
         if dt not in FLOAT_DTYPES:
-            raise InputError(where, f"unknown dtype {dt!r}")
-        if not isinstance(tol, dict) or set(tol) - {"atol", "rtol"} or not tol:
-            raise InputError(where, "expected {atol: float, rtol: float}")
-        for k, v in tol.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise InputError(f"{where}.{k}", f"expected a non-negative number, got {v!r}")
+            raise _bad(where, f"unknown key; allowed: {', '.join(FLOAT_DTYPES)} (a dtype)")
+        if not _mapping(tol, where, "{atol: float, rtol: float}"):  # an empty one is a slip, not the defaults
+            raise _bad(where, "expected a mapping {atol: float, rtol: float}")
+        _keys(tol, "tolerance.<dtype>", f"{where}.")
+        for k in tol:
+            v = _field(tol, "tolerance.<dtype>", k, f"{where}.")
+            if v is None or v < 0:
+                raise _bad(f"{where}.{k}", f"expected a non-negative number, got {v!r}")
         tolerance[dt] = {k: float(v) for k, v in tol.items()}
 
-    perf_target = _field(doc, "perf_target", "", dict, required=False, default={}) or {}
-    for k, v in perf_target.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-            raise InputError(f"{REQUEST_FILE}: perf_target.{k}", f"expected a positive number, got {v!r}")
-    deterministic = _field(doc, "deterministic", "", bool, required=False, default=False)
-
-    known = {"name", "description", "category", "inputs", "attributes", "outputs", "reference", "backward",
-             "shapes", "tolerance", "perf_target", "deterministic"}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise InputError(f"{REQUEST_FILE}: {unknown[0]}", "unknown field")
+    perf_target = _field(doc, "", "perf_target", "", default={})
+    _keys(perf_target, "perf_target", "perf_target.")
+    for k in perf_target:
+        v = _field(perf_target, "perf_target", k, "perf_target.")
+        if v is None or v <= 0:
+            raise _bad(f"perf_target.{k}", f"expected a positive number, got {v!r}")
+    deterministic = _field(doc, "", "deterministic", "", default=False)
 
     return Request(rdir, name, description, category, inputs, attributes, outputs, ref_file, ref_func,
                    backward, [dict(b) for b in p0], tolerance, dict(perf_target), deterministic)

@@ -11,13 +11,40 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from opforge.errors import InputError
+from opforge.errors import InputError, report_error
 
 bench_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                         help="Benchmarks: the catalog against eager and torch.compile on the current device.")
 console = Console(stderr=True)
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 PATHS = ("eager", "compile_default", "compile_max_autotune")
+
+
+def _fail(exc: InputError, json_file: Path | None) -> None:
+    """Exit 2 with one line on stderr; with `--json -` the same error as JSON on stdout too."""
+    report_error(typer.echo, exc.where, exc.what, 2, as_json=str(json_file) == "-")
+    raise typer.Exit(2)
+
+
+def _check_outputs(json_file: Path | None, md_file: Path | None) -> None:
+    """Bad report paths are refused before the benchmark runs, not in a traceback after it."""
+    from opforge.workspace.atomic import check_out_file
+
+    for flag, path in (("--json", json_file), ("--md", md_file)):
+        if path is not None and not (flag == "--json" and str(path) == "-"):  # `--json -` is stdout
+            check_out_file(path, flag)
+
+
+def _write_reports(report: dict, md: str, json_file: Path | None, md_file: Path | None) -> None:
+    from opforge.workspace.atomic import write_json_atomic, write_text_atomic
+
+    for flag, path, write in (("--md", md_file, lambda p: write_text_atomic(p, md)),
+                              ("--json", json_file, lambda p: write_json_atomic(p, report))):
+        if path is not None and not (flag == "--json" and str(path) == "-"):
+            try:
+                write(path)
+            except OSError as exc:  # the folder went away or turned read-only during the run
+                _fail(InputError(flag, f"{path}: cannot write it: {exc.strerror or exc}"), json_file)
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -37,9 +64,10 @@ def catalog_cmd(
 ):
     """Time the catalog: fused kernels against eager and torch.compile, forward and forward+backward."""
     from opforge.bench.catalog import run_catalog, to_markdown
-    from opforge.workspace.atomic import write_json_atomic, write_text_atomic
+    from opforge.workspace.atomic import write_json_atomic
 
     try:
+        _check_outputs(json_file, md_file)
         chosen = _split(baselines) or []
         for b in chosen:
             if b not in PATHS:
@@ -65,13 +93,9 @@ def catalog_cmd(
                 report = run_catalog(examples, names, progress=lambda n: bar.update(task, advance=1, description=n),
                                      **kw)
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        _fail(exc, json_file)
     md = to_markdown(report)
-    if md_file:
-        write_text_atomic(md_file, md)
-    if json_file and str(json_file) != "-":
-        write_json_atomic(json_file, report)
+    _write_reports(report, md, json_file, md_file)
     if str(json_file) == "-":
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -102,9 +126,9 @@ def compile_cmd(
     from opforge.bench.aot import compile_op, parse_arch, to_markdown, toolchain
     from opforge.bench.catalog import scaled_binding, select
     from opforge.request import load_request
-    from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
     try:
+        _check_outputs(json_file, md_file)
         if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's own jit helpers (tl.cumsum's combine) are
             # interpreted functions then, and no kernel that calls them compiles
             raise InputError("TRITON_INTERPRET", "is 1: unset it (or set 0) to compile for a GPU")
@@ -125,8 +149,7 @@ def compile_cmd(
                 if dt not in req.dtypes:
                     raise InputError("--dtype", f"{req.name} does not support {dt} (it takes {', '.join(req.dtypes)})")
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        _fail(exc, json_file)
     report = {"arch": arch, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "toolchain": toolchain(), "ops": []}
     if report["toolchain"]["unavailable"]:  # nothing to compile with: the report says so, and nothing failed
@@ -145,10 +168,7 @@ def compile_cmd(
             bar.update(task, advance=1, description=req.name)
     report["failed"] = sum(op["failed"] for op in report["ops"])
     md = to_markdown(report)
-    if md_file:
-        write_text_atomic(md_file, md)
-    if json_file and str(json_file) != "-":
-        write_json_atomic(json_file, report)
+    _write_reports(report, md, json_file, md_file)
     typer.echo(json.dumps(report, indent=2) if str(json_file) == "-" else md)
     if report["failed"]:
         typer.echo(f"error: {report['failed']} kernel(s) failed to compile for {arch}", err=True)

@@ -50,7 +50,7 @@ PARTIAL_ROWS = 32
 
 
 def _num_sms(device: torch.device) -> int:
-    props = getattr(getattr(torch, device.type, None), "get_device_properties", None)
+    props = getattr(torch.get_device_module(device), "get_device_properties", None)  # torch.cuda, torch.npu...
     n = getattr(props(device), "multi_processor_count", 0) if props else 0
     return n or 4  # nothing to count (the interpreter on a CPU): a few programs, so that they still meet
 '''

@@ -318,5 +318,6 @@ def markdown_table() -> str:
              "| ATen op | kind | Triton | bit-exact |", "|---|---|---|---|"]
     for name in sorted(OP_TABLE, key=lambda k: (OP_TABLE[k].kind, k)):
         r = OP_TABLE[name]
-        lines.append(f"| `{name}` | {r.kind} | {r.primitive.replace('|', '/')} | {'yes' if r.exact else 'no'} |")
+        triton = r.primitive.replace("|", "\\|")  # a pipe in a cell is escaped: `a | b` is a choice, not a division
+        lines.append(f"| `{name}` | {r.kind} | {triton} | {'yes' if r.exact else 'no'} |")
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from one, which a kernel cannot follow; that is refused with the attribute named
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -16,10 +17,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from opforge.codegen.decompose import DECOMPOSITIONS, factor_column_sums, rewrite_inplace, rewrite_variance
 from opforge.errors import InputError
-from opforge.request import Request
+from opforge.request import REQUEST_FILE, Request, dim_size
 
 # distinct sizes > 1 so that no symbol is specialised to 0 or 1 and no two symbols collide
 _EXAMPLE_SIZES = (5, 7, 11, 13, 17, 19, 23)
+# torch's broadcast failure: two sizes that had to be equal (or 1)
+_BROADCAST = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
 
 class TraceError(InputError):
@@ -185,14 +188,48 @@ def trace_request(req: Request) -> TracedOp:
     raise first_error
 
 
+def _declared_dims(req: Request, binding: dict) -> dict[int, str]:
+    """Size at `binding` -> the shape entry the request wrote for it ('H', 'G*32', 4), where only one has it."""
+    found: dict[int, set[str]] = {}
+    for spec in req.inputs:
+        for d in spec.shape:
+            found.setdefault(dim_size(d, binding), set()).add(str(d).replace(" ", ""))
+    return {n: next(iter(ds)) for n, ds in found.items() if len(ds) == 1}
+
+
+def _in_user_terms(req: Request, binding: dict, exc: TraceError) -> TraceError:
+    """The reference failed at the probe sizes, which the user never wrote: say it with the request's symbols.
+    Two sizes that do not broadcast name the inputs that declare them; any other error gets the sizes' legend."""
+    dims = _declared_dims(req, binding)
+    m = _BROADCAST.search(exc.what)
+    a, b = (dims.get(int(g)) for g in m.groups()) if m else (None, None)
+    if a and b:
+        holders = []  # the inputs whose declared shapes carry the two dimensions, in request order
+        for dim in (a, b):
+            spec = next(s for s in req.inputs if dim in [str(d).replace(" ", "") for d in s.shape])
+            holders += [spec] if spec not in holders else []
+        shapes = " and ".join(f"{s.name}{' has shape' if k == 0 else ''} [{', '.join(map(str, s.shape))}]"
+                              for k, s in enumerate(holders))
+        torch_words = re.sub(r"\((\d+)\)", lambda g: f"({dims.get(int(g[1]), g[1])})", exc.what.split(": ", 1)[-1])
+        return TraceError(f"{REQUEST_FILE}: inputs", f"{shapes}: {a} and {b} must be equal for {exc.where} "
+                                                     f"(it raised: {torch_words})")
+    if any(re.search(rf"(?<![\d.]){n}(?![\d.])", exc.what) for n in binding.values()):
+        legend = ", ".join(f"{k}={v}" for k, v in binding.items())
+        return TraceError(exc.where, f"{exc.what} (called with {legend})")
+    return exc
+
+
 def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     tensors = example_inputs(req, binding)
-    outs = run_reference(req, fn, tensors, req.attr_defaults)
+    try:
+        outs = run_reference(req, fn, tensors, req.attr_defaults)
+    except TraceError as exc:
+        raise _in_user_terms(req, binding, exc) from None
     where = f"{req.reference_file}:{req.reference_func}"
     names = list(req.outputs) if req.outputs else (["out"] if len(outs) == 1 else
                                                    [f"out{i}" for i in range(len(outs))])
     if len(names) != len(outs):
-        raise TraceError(f"{req.dir.name}/request.yaml: outputs",
+        raise TraceError(f"{REQUEST_FILE}: outputs",
                          f"{len(names)} outputs declared but the reference returns {len(outs)}")
     for o in outs:
         if not o.dtype.is_floating_point:
@@ -211,7 +248,7 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     grad_inputs = [s.name for s in req.inputs if s.requires_grad]
     if req.backward:
         if not grad_inputs:
-            raise TraceError(f"{req.dir.name}/request.yaml: backward", "backward: true but no input requires grad")
+            raise TraceError(f"{REQUEST_FILE}: backward", "backward: true but no input requires grad")
         joint, joint_b = _trace_pair(req, fn, tensors, grads=True)
         used |= _bind_attributes(req, joint, joint_b)
     runtime = [a.name for a in req.attributes if a.name in used]

@@ -10,18 +10,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opforge.errors import InputError
+from opforge.errors import InputError, report_error
 from opforge.hosts.layouts import HOSTS
 
 skills_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                          help="Agent Skills: check skill folders against the format's rules.")
 hooks_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                         help="Commands that agent hosts' hooks call.")
-console = Console(stderr=True)
 
 
-def _fail(exc: InputError) -> None:
-    typer.echo(f"error: {exc}", err=True)
+def _fail(exc: InputError, as_json: bool = False) -> None:
+    """Exit 2 with one line on stderr; with --json the same error as JSON on stdout too."""
+    report_error(typer.echo, exc.where, exc.what, 2, as_json=as_json)
     raise typer.Exit(2)
 
 
@@ -48,7 +48,15 @@ def init_cmd(path: Path = typer.Argument(Path("."), help="project folder (ignore
         else:
             results = [install(host, base, global_=global_, force=force)]
     except InputError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
+    for r in results:  # diagnostics: on stderr, with --json too
+        for s in r.get("skipped_skills", []):
+            typer.echo(f"warning: skipped invalid skill {s['folder']}: {'; '.join(s['problems'])}", err=True)
+        hook = r.get("hook")
+        if hook and not hook["runs"]:
+            typer.echo(f"warning: the hook command does not run here ({hook['problem']}): {hook['command']}; "
+                       f"{r['host']}'s hooks will fail until it does (reinstall opforge, then run init again)",
+                       err=True)
     if as_json:
         typer.echo(json.dumps(results if uninstall else results[0], indent=2))
         return
@@ -58,8 +66,9 @@ def init_cmd(path: Path = typer.Argument(Path("."), help="project folder (ignore
         typer.echo(f"{verb} opforge for {r['host']} in {r['base']}: {len(changed)} change(s)")
         for k in changed:
             typer.echo(f"  {r['changes'][k]:<28} {k}")
-        for s in r.get("skipped_skills", []):
-            typer.echo(f"  skipped invalid skill {s['folder']}: {'; '.join(s['problems'])}", err=True)
+        if r.get("hook"):
+            typer.echo(f"  hooks call: {r['hook']['command']} "
+                       f"({'checked: it runs' if r['hook']['runs'] else 'it does NOT run here'})")
 
 
 def validate_cmd(path: Path = typer.Argument(..., help="a skill folder, or a folder of skill folders"),
@@ -68,10 +77,10 @@ def validate_cmd(path: Path = typer.Argument(..., help="a skill folder, or a fol
     from opforge.hosts.validate import validate_tree
 
     if not path.exists():
-        _fail(InputError(str(path), "does not exist"))
+        _fail(InputError(str(path), "does not exist"), as_json)
     reports = validate_tree(path)
     if not reports:
-        _fail(InputError(str(path), "holds no SKILL.md (neither itself nor one level down)"))
+        _fail(InputError(str(path), "holds no SKILL.md (neither itself nor one level down)"), as_json)
     if as_json:
         typer.echo(json.dumps({"path": str(path), "ok": all(r.ok for r in reports),
                                "skills": [r.to_dict() for r in reports]}, indent=2))

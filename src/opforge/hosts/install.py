@@ -4,12 +4,18 @@ Every install keeps a manifest (`.opforge/hosts/<host>.json` under the project o
 wrote with their hashes, the rules block and the hook entries it merged, and the folders it created. A second
 install writes nothing when nothing changed (no timestamps, content compared first); uninstall removes exactly
 what the manifest lists and keeps a file the user has edited since.
+
+Hooks call the gate by absolute path (`render.hook_argv`: the `opforge-hook` next to this interpreter), so a host
+whose PATH lacks this environment still runs it; install runs that command once and says whether it works.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import tempfile
 from pathlib import Path
 
 from opforge.errors import InputError
@@ -64,7 +70,22 @@ def _write_if_changed(base: Path, rel: str, data: bytes, created_dirs: list[str]
     return action
 
 
-def _planned_files(host: str, lay, skills) -> dict[str, bytes]:
+def check_hook(argv: list[str]) -> dict:
+    """Run the hook command once, on an empty folder and without PATH, as a host would: does it resolve?"""
+    env = {k: v for k, v in os.environ.items() if k != "PATH"}
+    with tempfile.TemporaryDirectory(prefix="opforge-hook-check-") as empty:
+        try:
+            proc = subprocess.run([*argv, "gate", "--root", empty], input="{}", capture_output=True, text=True,
+                                  cwd=empty, env=env, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"runs": False, "problem": f"{type(exc).__name__}: {exc}"}
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        return {"runs": False, "problem": f"exit {proc.returncode}: {tail}"}
+    return {"runs": True, "problem": None}
+
+
+def _planned_files(host: str, lay, skills, hook_argv: list[str]) -> dict[str, bytes]:
     names = [r.name for r in skills]
     files: dict[str, bytes] = {}
     for r in skills:
@@ -75,7 +96,7 @@ def _planned_files(host: str, lay, skills) -> dict[str, bytes]:
         for fname, text in render.all_role_files(host, names, lay.agent_ext).items():
             files[f"{lay.agents_dir}/{prefix}{fname}"] = text.encode()
     if lay.hooks == "opencode-plugin":
-        files[lay.hooks_path] = render.OPENCODE_PLUGIN.encode()
+        files[lay.hooks_path] = render.opencode_plugin(hook_argv).encode()
     return files
 
 
@@ -89,7 +110,8 @@ def install(host: str, base: Path, *, global_: bool = False, force: bool = False
     skills, invalid = package_skills()
     mpath = manifest_path(base, host)
     old = _load_manifest(mpath)
-    planned = _planned_files(host, lay, skills)
+    hook_argv = render.hook_argv()
+    planned = _planned_files(host, lay, skills, hook_argv)
     for rel, data in planned.items():
         p = base / rel
         if p.is_file() and rel not in old["files"] and p.read_bytes() != data and not force:
@@ -126,13 +148,19 @@ def install(host: str, base: Path, *, global_: bool = False, force: bool = False
                 from None
         if not isinstance(existing, dict):
             raise InputError(str(path), "not a JSON object")
-        merged = render.merge_claude_settings(existing, render.claude_hook_entries())
+        entries = render.claude_hook_entries(host, render.hook_command(host, hook_argv))
+        # entries an earlier install wrote (another interpreter's path, or the bare command) give way to these
+        kept = existing
+        for e in _installed_hook_entries(settings, host):
+            if e != entries:
+                kept = render.strip_claude_settings(kept, e)
+        merged = render.merge_claude_settings(kept, entries)
         created = settings["created"] if settings else not path.exists()
         # the user's own bytes, so that uninstall can put the file back exactly as it was
         original = settings.get("original") if settings else (path.read_text() if path.exists() else None)
         changes[lay.hooks_path] = "unchanged" if merged == existing else \
             _write_if_changed(base, lay.hooks_path, (json.dumps(merged, indent=2) + "\n").encode(), dirs)
-        settings = {"path": lay.hooks_path, "created": created, "original": original}
+        settings = {"path": lay.hooks_path, "created": created, "original": original, "hooks": entries}
     manifest = {"host": host, "global": global_, "files": {rel: _sha(d) for rel, d in sorted(planned.items())},
                 "rules": rules, "settings": settings, "dirs": sorted(set(dirs))}
     mdirs: list[str] = manifest["dirs"]
@@ -140,14 +168,25 @@ def install(host: str, base: Path, *, global_: bool = False, force: bool = False
     if not mpath.exists() or mpath.read_bytes() != data:
         _mkdirs(base, Path(MANIFEST_DIR), [])
         write_bytes_atomic(mpath, data)
+    hook = None
+    if lay.hooks:
+        hook = {"command": render.hook_command(host, hook_argv), **check_hook(hook_argv)}
     ours = {r.name for r in skills}
     problems = [f"{r.name}: {q}" for r in validate_tree(base / lay.skills_dir) if r.name in ours for q in r.problems]
     return {"host": host, "base": str(base), "global": global_, "manifest": str(mpath),
             "skills": [r.name for r in skills], "skipped_skills": [r.to_dict() for r in invalid],
             "roles": [Path(k).stem for k in planned if lay.agents_dir and k.startswith(lay.agents_dir)],
-            "hooks": lay.hooks, "changes": changes,
+            "hooks": lay.hooks, "hook": hook, "changes": changes,
             "changed": sorted(k for k, v in changes.items() if v != "unchanged"),
             "dirs_created": mdirs, "exported_problems": problems}
+
+
+def _installed_hook_entries(settings: dict | None, host: str) -> list[dict]:
+    """The hook entries an install recorded in its manifest; before they were recorded, the bare command."""
+    if not settings:
+        return []
+    return [settings["hooks"]] if settings.get("hooks") else \
+        [render.claude_hook_entries(host, render.LEGACY_HOOK_COMMAND.format(host=host))]
 
 
 def _json_or_none(text: str):
@@ -207,7 +246,9 @@ def uninstall(base: Path, host: str | None = None) -> list[dict]:
                 except json.JSONDecodeError:
                     cur = None
                 if isinstance(cur, dict):
-                    out = render.strip_claude_settings(cur, render.claude_hook_entries())
+                    out = cur
+                    for entries in _installed_hook_entries(m["settings"], h):
+                        out = render.strip_claude_settings(out, entries)
                     if not out and m["settings"]["created"]:
                         p.unlink()
                         changes[rel] = "removed"

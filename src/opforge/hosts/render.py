@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import sys
+from pathlib import Path
 
 import yaml
 
@@ -11,7 +15,9 @@ from opforge.agents.roles import ROLES, STATE_COMMANDS, Role, role_body, role_sk
 # one block per host: Codex, OpenCode and Cursor all read AGENTS.md
 BEGIN = "<!-- opforge:begin {host} (written by `opforge init`; `opforge init --uninstall` removes it) -->"
 END = "<!-- opforge:end {host} -->"
-HOOK_COMMAND = "opforge-hook gate --host {host}"  # a light entry point: hosts run it before every shell command
+# the command opforge wrote before hooks named their entry point by absolute path: uninstall still removes it
+LEGACY_HOOK_COMMAND = "opforge-hook gate --host {host}"
+HOOK_MODULE = "opforge.hosts.gate_hook"
 # Claude Code subagents get only the tools their role needs: the orchestrator has no Write or Edit
 _CLAUDE_TOOLS = {True: "Read, Grep, Glob, Bash", False: "Read, Grep, Glob, Bash, Write, Edit"}
 
@@ -88,10 +94,26 @@ def strip_block(text: str, host: str) -> str:
     return head + tail
 
 
-def claude_hook_entries(host: str = "claude") -> dict[str, list[dict]]:
+def hook_argv() -> list[str]:
+    """The hook's entry point by absolute path, so that a host whose PATH lacks this environment's scripts folder
+    (an editor started from the desktop, a venv not activated) still runs this opforge: the light `opforge-hook`
+    script installed next to this interpreter, else this interpreter running the hook's module."""
+    python = os.path.abspath(sys.executable)  # not resolved: a venv's python is a link out of the venv
+    script = Path(python).parent / ("opforge-hook.exe" if os.name == "nt" else "opforge-hook")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [python, "-m", HOOK_MODULE]
+
+
+def hook_command(host: str, argv: list[str] | None = None) -> str:
+    """The hook as one shell command line (Claude Code runs settings hooks through a shell)."""
+    return shlex.join([*(argv or hook_argv()), "gate", "--host", host])
+
+
+def claude_hook_entries(host: str = "claude", command: str | None = None) -> dict[str, list[dict]]:
     """Claude Code settings hooks: before a Bash tool call (the hook lets only state commands through when
-    the gates hold) and when the agent or a subagent would stop."""
-    cmd = {"type": "command", "command": HOOK_COMMAND.format(host=host), "timeout": 300}
+    the gates hold) and when the agent or a subagent would stop. `command` defaults to this interpreter's."""
+    cmd = {"type": "command", "command": command or hook_command(host), "timeout": 300}
     return {"PreToolUse": [{"matcher": "Bash", "hooks": [cmd]}],
             "SubagentStop": [{"hooks": [cmd]}],
             "Stop": [{"hooks": [cmd]}]}
@@ -121,11 +143,13 @@ def strip_claude_settings(existing: dict, entries: dict[str, list[dict]]) -> dic
     return out
 
 
-OPENCODE_PLUGIN = """\
+_OPENCODE_PLUGIN = """\
 // Written by `opforge init --host opencode`; `opforge init --uninstall` removes it.
 // Before a command that moves an opforge workflow (run, resume, stage, rollback), the gates of every
 // workspace in the project must hold: a failing S0/S1 rule stops the command and tells the agent why.
 const STATE_COMMAND = /\\bopforge\\s+op\\s+(run|resume|stage|rollback)\\b/;
+// the hook by absolute path (this project's Python environment), not looked up on PATH
+const HOOK = @HOOK@;
 
 export const OpforgeGate = async ({ $, directory }) => {
   return {
@@ -133,7 +157,7 @@ export const OpforgeGate = async ({ $, directory }) => {
       if (input.tool !== "bash") return;
       const command = String((output.args && output.args.command) || "");
       if (!STATE_COMMAND.test(command)) return;
-      const result = await $`opforge-hook gate --host opencode --root ${directory}`.nothrow().quiet();
+      const result = await $`${HOOK} gate --host opencode --root ${directory}`.nothrow().quiet();
       if (result.exitCode !== 0) {
         throw new Error(result.stderr.toString() || result.stdout.toString());
       }
@@ -143,9 +167,16 @@ export const OpforgeGate = async ({ $, directory }) => {
 """
 
 
+def opencode_plugin(argv: list[str] | None = None) -> str:
+    """The OpenCode plugin, calling the hook by absolute path (Bun's shell passes each element of HOOK as one
+    argument, quoted)."""
+    return _OPENCODE_PLUGIN.replace("@HOOK@", json.dumps(argv or hook_argv()))
+
+
 def all_role_files(host: str, skills: list[str], ext: str) -> dict[str, str]:
     return {f"{name}{ext}": agent_file(host, role, skills) for name, role in ROLES.items()}
 
 
 __all__ = ["agent_file", "rules_block", "merge_block", "strip_block", "claude_hook_entries",
-           "merge_claude_settings", "strip_claude_settings", "OPENCODE_PLUGIN", "all_role_files", "role_skills"]
+           "merge_claude_settings", "strip_claude_settings", "opencode_plugin", "hook_argv", "hook_command",
+           "all_role_files", "role_skills"]

@@ -23,6 +23,7 @@ from opforge.llm.loop import Bound, ToolInputError, run_loop
 from opforge.llm.prompts import system_prompt
 from opforge.llm.providers import LlmError, Tool, open_conversation
 from opforge.llm.sandbox import run_python
+from opforge.workspace import check_out_folder, os_error
 from opforge.workspace.atomic import write_text_atomic
 
 CHECK_TIMEOUT_S = 120
@@ -72,8 +73,7 @@ def draft_request(text: str, out: Path, cfg: LlmConfig, *, ask: Callable[[str], 
                   force: bool = False) -> dict:
     """Write the request folder `out` from `text`; `ask` (interactive) answers the model's questions."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise InputError(str(out), "folder exists and is not empty (or --force to replace it)")
+    check_out(out, force)
     if not text.strip():
         raise InputError("request", "the description is empty")
     drop = (cfg.api_key_env,) if cfg.api_key_env else ()
@@ -136,7 +136,10 @@ def draft_request(text: str, out: Path, cfg: LlmConfig, *, ask: Callable[[str], 
         if not done:
             raise LlmError(f"no valid request after {result.turns} replies ({result.stopped}); "
                                       f"last reply: {result.final_text[:200]!r}")
-        _place(stage, out, force)
+        try:
+            _place(stage, out, force)
+        except OSError as exc:  # the folder or its parent changed under us while the model worked
+            raise os_error(out, exc) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     lines = [f"# Assumptions for {done['name']}", "", f"Request: {text.strip()}", ""]
@@ -148,6 +151,19 @@ def draft_request(text: str, out: Path, cfg: LlmConfig, *, ask: Callable[[str], 
                                                            "questions": asked}, indent=2) + "\n")
     return {"request_dir": str(out), "name": done["name"], "assumptions": done["assumptions"], "questions": asked,
             "turns": result.turns}
+
+
+def check_out(out: Path, force: bool = False) -> None:
+    """Refuse, in one line naming `out`, a request folder that cannot be written, before the model is asked: a
+    file in its place or above it, a parent that cannot be made, a non-empty folder without `force`."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(str(out), "is a file; --out names the request folder to write")
+        if out.is_dir() and any(out.iterdir()) and not force:
+            raise InputError(str(out), "folder exists and is not empty (or --force to replace it)")
+    except OSError as exc:  # a folder that cannot be looked into
+        raise os_error(out, exc) from None
+    check_out_folder(out)
 
 
 def _place(stage: Path, out: Path, force: bool) -> None:

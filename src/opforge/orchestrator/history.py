@@ -60,6 +60,23 @@ def snapshot(ws_dir: str | os.PathLike, stage: int, files: list[str]) -> str:
     return f"{HISTORY_DIR}/{name}"
 
 
+def set_aside(ws_dir: str | os.PathLike, files: list[str], label: str) -> tuple[str | None, list[str]]:
+    """Move the existing ones of `files` out of the workspace into `history_version/<label>_<timestamp>/`,
+    kept rather than deleted (the user may have edited them since). Returns that folder (None when nothing
+    was there) and the files moved."""
+    ws = Path(ws_dir)
+    present = [p for p in (_safe_rel(rel, str(ws / rel)) for rel in files) if ws.joinpath(*p.parts).is_file()]
+    if not present:
+        return None, []
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    aside = ws / HISTORY_DIR / f"{label}_{stamp}"  # not a stageN_ name: never listed as a snapshot
+    for p in present:
+        dst = aside.joinpath(*p.parts)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(ws.joinpath(*p.parts), dst)  # a rename: the file is in one place or the other, never lost
+    return f"{HISTORY_DIR}/{aside.name}", [p.as_posix() for p in present]
+
+
 def _read_manifest(snap: Path) -> dict[str, Any]:
     where = str(snap / MANIFEST)
     try:

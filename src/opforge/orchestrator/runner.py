@@ -35,7 +35,16 @@ from opforge.skills.op_golden import stage as op_golden
 from opforge.skills.op_perf import stage as op_perf
 from opforge.skills.op_precision import stage as op_precision
 from opforge.skills.op_requirement import stage as op_requirement
-from opforge.workspace import REQUEST_COPY, StageFn, StageOutcome, Workspace, copy_request, events
+from opforge.workspace import (
+    REQUEST_COPY,
+    StageFn,
+    StageOutcome,
+    Workspace,
+    check_out_folder,
+    copy_request,
+    events,
+    os_error,
+)
 from opforge.workspace.atomic import sha256_file, workspace_lock
 
 # The stage registry: which skill runs each stage, in order. A stage's name, retry budget and blocked status
@@ -53,23 +62,30 @@ STAGE_REGISTRY: dict[int, StageFn] = {
 Progress = Callable[[str, int, str], None]  # (event, stage, text)
 
 
-def create_workspace(request_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Workspace:
+def create_workspace(request_dir: str | Path, out_dir: str | Path, *, force: bool = False,
+                     quick: bool = False) -> Workspace:
     """Validate the request (and trace its reference) before anything is written, then create the
-    workspace in a temporary folder and rename it into place, so no half-made workspace can exist."""
+    workspace in a temporary folder and rename it into place, so no half-made workspace can exist.
+    An --out that cannot be a folder (a file, an unwritable place) is bad input, found before the trace."""
+    out = Path(out_dir)
+    check_out_folder(out)
     req = load_request(request_dir)
     trace_request(req)
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            what = "already an opforge workspace: use `opforge op resume`" if (out / STATE_FILE).exists() \
-                else "folder exists and is not empty"
-            raise InputError(str(out), f"{what} (or --force to replace it)")
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if out.exists() and any(out.iterdir()):
+            if not force:
+                what = "already an opforge workspace: use `opforge op resume`" if (out / STATE_FILE).exists() \
+                    else "folder exists and is not empty"
+                raise InputError(str(out), f"{what} (or --force to replace it)")
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:  # what the checks above could not foresee (root on a read-only mount, /proc)
+        raise os_error(out, exc) from None
     try:
         copy_request(Path(request_dir), tmp / REQUEST_COPY)
-        state = State.new(req.name, str(Path(request_dir).resolve()), options={"deterministic": req.deterministic})
+        state = State.new(req.name, str(Path(request_dir).resolve()), options={"deterministic": req.deterministic,
+                                                                       "quick": quick})
         save_state(tmp, state)
         events.log_event(tmp, "created", op=req.name, request=str(request_dir))
         if out.exists():
@@ -183,13 +199,17 @@ def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progres
 
 
 def rollback(ws_dir: str | Path, to_stage: int) -> list[str]:
-    """Send `to_stage` and later back to pending, and put earlier stages' artifacts back as they were
-    when those stages completed. Returns the restored files."""
+    """Send `to_stage` and later back to pending, move those stages' artifacts out of the workspace (into
+    `history_version/rolled_back_to_stage<N>_<timestamp>/`: a file in the workspace is never one that status
+    calls pending), and put earlier stages' artifacts back as they were when those stages completed. Returns
+    the restored files; the event log records what was moved aside."""
     root = Path(ws_dir)
     if to_stage not in STAGES:
         raise InputError("--to", f"stage {to_stage} does not exist (1..7)")
     with workspace_lock(root):
         state = load_state(root)
+        later = sorted({rel for k in STAGES if k >= to_stage for rel in state.stages[k].artifacts})
+        aside, moved = history.set_aside(root, later, f"rolled_back_to_stage{to_stage}")
         restored = []
         for k in range(1, to_stage):
             snap = history.latest_snapshot(root, k)
@@ -197,5 +217,5 @@ def rollback(ws_dir: str | Path, to_stage: int) -> list[str]:
                 restored += history.restore(root, snap["dir"])
         state.reset_from(to_stage, reason=f"rollback to stage {to_stage}")
         save_state(root, state)
-        events.log_event(root, "rollback", to_stage=to_stage, restored=restored)
+        events.log_event(root, "rollback", to_stage=to_stage, restored=restored, moved_aside=moved, aside=aside)
     return restored

@@ -31,9 +31,11 @@ import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from opforge.request import dim_size
 from opforge.verify.inputs import edge_values, fresh_seed, make_tensor, with_edges
 from opforge.verify.metrics import compare, ulp_distance
 from opforge.verify.tolerance import Tolerance, parse_dtype, tolerance_for
@@ -48,6 +50,30 @@ SPREAD_SAMPLES = 16
 # shipped blocks over several programs, as the GPU does; on a GPU every case runs them.
 SHIPPED_BLOCKS_UP_TO = 1 << 16
 INTERPRETER_BLOCKS = {"BLOCK": 32768, "TILE": 65536}
+
+
+def quick_p0(p0: list[dict], numel: Callable[[dict], int], limit: int = SHIPPED_BLOCKS_UP_TO) -> list[dict]:
+    """The P0 bindings scaled down for a quick run (`opforge op run --quick`): the largest size halved until
+    the largest input (`numel(binding)`) has at most `limit` elements, so that the interpreter runs each case
+    in seconds, with the shipped blocks, still over several programs. Duplicates are dropped."""
+    out = []
+    for b in p0:
+        b = dict(b)
+        while numel(b) > limit and max(b.values()) > 1:
+            big = max(b, key=b.get)
+            b[big] = (b[big] + 1) // 2
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def level0_bindings(spec: dict, quick: bool) -> list[dict]:
+    """The shapes Level 0 runs at: SPEC's p0, or for a quick run those scaled down (stage 4 and the gate
+    G5-TEST-COVERAGE both ask here)."""
+    if not quick:
+        return spec["p0_shapes"]
+    return quick_p0(spec["p0_shapes"], lambda b: max(math.prod(dim_size(d, b) for d in i["shape"])
+                                                     for i in spec["inputs"]))
 
 
 def level0_cases(dtypes: list[str], p0: list[dict]) -> list[dict]:

@@ -70,6 +70,11 @@ def compare(actual: torch.Tensor, truth: torch.Tensor, tol: Tolerance, *, inputs
         "max_ulp": int(ulp.max()) if ulp.numel() else 0,
         "nan_mismatch": int(nan_bad.sum()),
         "passed": int(bad.sum()) == 0,
+        # where the extremes lie, so a report can name the magnitude they belong to (a huge ULP count at a
+        # value near zero is within atol, not an alarm)
+        "max_abs_truth": float(ft.abs().max()) if ft.numel() else 0.0,
+        "max_abs_at": _element(a, t, err, finite, fe.argmax()) if fe.numel() else None,
+        "max_ulp_at": _element(a, t, err, finite, ulp.argmax()) if ulp.numel() else None,
     })
     # worst elements: mismatching non-finite first, then by absolute error
     score = torch.where(nan_bad | inf_bad, torch.full_like(err, float("inf")), err).reshape(-1)
@@ -88,3 +93,10 @@ def compare(actual: torch.Tensor, truth: torch.Tensor, tol: Tolerance, *, inputs
     res["worst"] = worst
     return res
 
+
+def _element(a: torch.Tensor, t: torch.Tensor, err: torch.Tensor, finite: torch.Tensor, k) -> dict:
+    """The k-th element finite in both (a position among `finite`): its index, value, truth and error."""
+    flat = int(finite.reshape(-1).nonzero()[int(k)])
+    idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)] if a.dim() else []
+    return {"index": idx, "actual": float(a.reshape(-1)[flat]), "truth": float(t.reshape(-1)[flat]),
+            "abs_err": float(err.reshape(-1)[flat])}

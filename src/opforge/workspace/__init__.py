@@ -8,12 +8,14 @@ the runner, llm, hosts and bench build on it, so it imports nothing of opforge b
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, load_request
 
 REQUEST_COPY = "request"  # the request as it was when the run started: the workspace needs nothing else
@@ -78,6 +80,30 @@ def copy_request(request_dir: Path, dest: Path) -> None:
     for f in sorted(request_dir.iterdir()):
         if f.is_file() and (f.name == REQUEST_FILE or f.suffix == ".py"):
             shutil.copy2(f, dest / f.name)
+
+
+def os_error(path: Path, exc: OSError) -> InputError:
+    """An OSError while making the folder the user named, in one line with the system's reason."""
+    # a folder above names where it failed; a temporary folder of ours beside the path would only puzzle
+    culprit = f" ({exc.filename})" if exc.filename and Path(exc.filename) in Path(path).absolute().parents else ""
+    return InputError(str(path), f"cannot create it: {exc.strerror or exc}{culprit}")
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse, in one line naming `out`, a folder that cannot be made there: a file in its place or above it,
+    or a parent this user cannot write. Checked before the request is traced, so the user hears at once."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(str(out), "is a file; --out names the workspace folder to create")
+        above = out.absolute().parent
+        while not above.exists():
+            above = above.parent
+        if not above.is_dir():
+            raise InputError(str(out), f"cannot create it: {above} is a file, not a folder")
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise InputError(str(out), f"cannot create it: {above} is not writable")
+    except OSError as exc:  # a folder above that cannot even be looked into
+        raise os_error(out, exc) from None
 
 
 def load_module(path: str | Path, name: str):

@@ -71,6 +71,23 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def check_out_file(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, before any work is done, a file that cannot be written: a folder in its place, or a folder for it
+    that is missing or not writable. One InputError naming the option and the path."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise InputError(flag, f"{target}: is a folder; {flag} names a file to write")
+        parent = target.absolute().parent
+        if not parent.is_dir():
+            why = "is a file, not a folder" if parent.exists() else "does not exist"
+            raise InputError(flag, f"{target}: {parent} {why}")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(flag, f"{target}: folder {parent} is not writable")
+    except OSError as exc:  # a folder above that cannot even be looked into
+        raise InputError(flag, f"{target}: cannot write it: {exc.strerror or exc}") from None
+
+
 @contextlib.contextmanager
 def workspace_lock(ws_dir: str | os.PathLike, timeout: float = 0) -> Iterator[filelock.BaseFileLock]:
     """Hold the workspace exclusively; a second opforge process on the same workspace gets an InputError."""

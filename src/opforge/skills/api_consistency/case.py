@@ -3,7 +3,7 @@
 File cases: `path.py` or `path.py::function`. The entry is, in order: the `::function`, the `--fn` option,
 the module's `ENTRY` string, a function named `forward`. Inputs come from `inputs()` (or `make_inputs()`),
 called once under a fixed seed: a tuple/list is positional, a dict keyword, a pair (tuple, dict) both.
-`DOCUMENTED = {"precision": "why", ...}` names checks whose differences are expected (exit 1).
+`DOCUMENTED = {"precision": "why", ...}` names checks whose differences are expected (class 1).
 
 A test function (name starting with `test`) is a pytest-style case: its `device` and `dtype` parameters
 are set per side, and its return value, if any, is what is compared.

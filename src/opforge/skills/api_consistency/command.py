@@ -1,18 +1,30 @@
-"""`opforge api-consistency`: one case or a batch, each diagnosed on its own, one summary for all."""
+"""`opforge api-consistency`: one case or a batch, each diagnosed on its own, one summary for all.
+
+Two numbers, kept apart in what is printed: each case's triage class (1 consistent, 2 framework problem,
+3 operator defect; the `exit` field of result.json and the summary, the "class N" of analysis.md), and the
+process's exit code, opforge's vocabulary: 0 every case consistent, 1 some case has a finding (class 2 or 3)
+or could not be diagnosed, 2 bad input. The printed lines name the class in words and end with the exit code.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from opforge.errors import InputError
+from opforge.errors import InputError, report_error
+from opforge.workspace import check_out_folder, os_error
 
-console = Console(stderr=True)
+progress_console = Console(stderr=True)  # the batch's progress bar
+out_console = Console()  # the verdicts: one line per case, then the process's exit code in words
+VERDICT = {1: "consistent", 2: "framework problem", 3: "operator defect"}
 
 
 def expand(specs: list[str]) -> list[str]:
@@ -31,6 +43,19 @@ def expand(specs: list[str]) -> list[str]:
     return out
 
 
+def check_out(out: Path) -> None:
+    """Refuse, in one line naming `out`, a folder for the reports that cannot be used: a file in its place or
+    above it, a folder that cannot be written, a parent that cannot be made. Checked before any case runs."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(str(out), "is a file; --out names the folder to write the reports in")
+        if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+            raise InputError(str(out), "is a folder this user cannot write")
+    except OSError as exc:  # a folder above that cannot even be looked into
+        raise os_error(out, exc) from None
+    check_out_folder(out)
+
+
 def run_batch(specs: list[str], target: str, out: Path, *, fn: str | None = None, seed: int = 0, runs: int = 3,
               progress=None) -> tuple[list[dict], list[str]]:
     """Diagnose every case; returns the summary rows and the one-line errors of cases that were bad input."""
@@ -39,9 +64,13 @@ def run_batch(specs: list[str], target: str, out: Path, *, fn: str | None = None
     from opforge.skills.api_consistency.targets import parse_target
     from opforge.skills.api_consistency.triage import diagnose
 
+    check_out(out)
     if not target.startswith("custom:"):
         parse_target(target)  # an unavailable device is one error for the whole batch
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(out, exc) from None
     rows, errors = [], []
     for spec in specs:
         if progress:
@@ -65,6 +94,19 @@ def run_batch(specs: list[str], target: str, out: Path, *, fn: str | None = None
     return rows, errors
 
 
+def _verdict(row: dict) -> str:
+    """A case's triage class in words."""
+    if row["exit"] in VERDICT:
+        return VERDICT[row["exit"]]
+    return "bad input" if row.get("check") == "input" else "not diagnosed (opforge failed)"
+
+
+def _fail(where: str, what: str, as_json: bool) -> None:
+    """Exit 2 with one line on stderr; with --json the same error as JSON on stdout too."""
+    report_error(typer.echo, where, what, 2, as_json=as_json)
+    raise typer.Exit(2)
+
+
 def api_consistency(
     cases: list[str] = typer.Argument(..., help="CASE: file.py, file.py::function, a pytest node id, or a folder"),
     target: str = typer.Option(..., "--target", "-t", help="cuda|npu|compile|half|bf16|custom:module:function"),
@@ -74,14 +116,15 @@ def api_consistency(
     runs: int = typer.Option(3, min=2, help="runs compared bit for bit for determinism"),
     as_json: bool = typer.Option(False, "--json", help="print the summary rows as JSON"),
 ):
-    """Compare an API or program on a device under test against the CPU; triage into three exits."""
+    """Compare an API or program on a device under test against the CPU; triage each case into one of three
+    classes: consistent, framework problem, operator defect. Exit 0 all consistent, 1 a finding, 2 bad input."""
     try:
         specs = expand(cases)
         if len(specs) == 1 or as_json or not sys.stderr.isatty():
             rows, errors = run_batch(specs, target, out, fn=fn, seed=seed, runs=runs)
         else:
             with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                          TimeElapsedColumn(), console=console) as bar:
+                          TimeElapsedColumn(), console=progress_console) as bar:
                 task = bar.add_task("cases", total=len(specs))
                 seen = []
 
@@ -93,21 +136,27 @@ def api_consistency(
                 rows, errors = run_batch(specs, target, out, fn=fn, seed=seed, runs=runs, progress=step)
                 bar.update(task, completed=len(specs))
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        _fail(exc.where, exc.what, as_json)
     if len(specs) == 1 and errors:
-        typer.echo(f"error: {errors[0]}", err=True)
-        raise typer.Exit(2)
+        where, _, what = errors[0].partition(": ")
+        _fail(where, what, as_json)
+    code = 2 if errors else 1 if any(r["exit"] != 1 for r in rows) else 0
+    tally = Counter(_verdict(r) for r in rows)
+    why = f"{len(rows)} case(s): " + ", ".join(f"{n} {v}" for v, n in tally.items())
     if as_json:
-        typer.echo(json.dumps({"out": str(out), "cases": rows, "errors": errors}, indent=2, default=str))
+        for r in rows:
+            r["verdict"] = _verdict(r)
+        typer.echo(json.dumps({"out": str(out), "exit_code": code, "verdict": why, "cases": rows, "errors": errors},
+                              indent=2, default=str))
     else:
         for r in rows:
             colour = {1: "green", 2: "yellow", 3: "red"}.get(r["exit"], "red")
             op = f" — {r['operator']} at {r['call site']}" if r.get("operator") else ""
-            console.print(f"[{colour}]exit {r['exit']}[/] {r['case']} on {r['target']}: {r['conclusion']}{op}")
-        for e in errors:
-            typer.echo(f"error: {e}", err=True)
-        console.print(f"summary: {out / 'summary.xlsx'}")
-    if errors:
-        raise typer.Exit(2)
-    raise typer.Exit(1 if any(r["exit"] in (2, 3, None) for r in rows) else 0)
+            cls = f" (class {r['exit']})" if r["exit"] in VERDICT else ""
+            line = escape(f"{r['case']} on {r['target']}: {r['conclusion']}{op}")
+            out_console.print(f"[{colour}]{_verdict(r)}{cls}[/] {line}", highlight=False, soft_wrap=True)
+        out_console.print(escape(f"summary: {out / 'summary.xlsx'}"), highlight=False, soft_wrap=True)
+        out_console.print(f"exit {code}: {why}", highlight=False, soft_wrap=True)
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    raise typer.Exit(code)

@@ -14,12 +14,16 @@ from opforge.skills.api_consistency.triage import RULES, Diagnosis
 from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 REPRO_TEMPLATE = Path(__file__).with_name("repro.py.tmpl")
-EXIT_TITLES = {1: "exit 1: consistent or an expected difference",
-               2: "exit 2: framework or adaptation problem",
-               3: "exit 3: operator defect (numerical or determinism)"}
+# A case's triage class: "class N", never "exit N", which is the process's exit code (0, 1, 2) alone.
+CLASS_TITLES = {1: "class 1: consistent or an expected difference",
+                2: "class 2: framework or adaptation problem",
+                3: "class 3: operator defect (numerical or determinism)"}
+# The rows' keys, in the order of the workbook's columns; `exit` (the class, as result.json names it) is headed
+# "class" there.
 SUMMARY_COLUMNS = ["case", "target", "exit", "rule", "check", "operator", "call site", "conclusion",
                    "max abs error", "new inf/NaN", "deterministic", "target peak bytes", "reference peak bytes",
                    "seconds", "analysis"]
+HEADINGS = {"exit": "class"}
 
 
 def _site(op: dict | None) -> str:
@@ -30,7 +34,7 @@ def _site(op: dict | None) -> str:
 def analysis_md(dg: Diagnosis) -> str:
     d = dg.to_dict()
     lines = [f"# api-consistency: {dg.case} on {dg.target}", "",
-             f"**{EXIT_TITLES[dg.exit]}** — rule {dg.rule}", "", f"Conclusion: {dg.conclusion}.", ""]
+             f"**{CLASS_TITLES[dg.exit]}** — rule {dg.rule}", "", f"Conclusion: {dg.conclusion}.", ""]
     if dg.operator:
         op = dg.operator
         lines += ["## Localised operator", "", f"- operator: `{op['name']}` ({op['kind']})",
@@ -62,7 +66,7 @@ def analysis_md(dg: Diagnosis) -> str:
         lines.append(f"| memory | {'pass' if m.get('passed', True) else 'FAIL'} | target peak "
                      f"{m.get('target_peak_bytes')} B, reference {m.get('reference_peak_bytes')} B, "
                      f"expected at most {2 * m.get('expected_peak_bytes', 0)} B + 16 MiB |")
-    lines += ["", "## Rules (first that fires decides)", "", "| rule | exit | fired | rule |", "|---|---|---|---|"]
+    lines += ["", "## Rules (first that fires decides)", "", "| rule | class | fired | rule |", "|---|---|---|---|"]
     for r in d["rules"]:
         lines.append(f"| {r['id']} | {r['exit']} | {'**yes**' if r['fired'] else ''} | {r['text']} |")
     if dg.traceback:
@@ -152,7 +156,7 @@ def write_summary(out: Path, rows: list[dict]) -> None:
     wb = Workbook()
     ws = wb.active
     ws.title = "cases"
-    ws.append(SUMMARY_COLUMNS)
+    ws.append([HEADINGS.get(k, k) for k in SUMMARY_COLUMNS])
     for c in ws[1]:
         c.font = Font(bold=True)
     fills = {1: "C6EFCE", 2: "FFEB9C", 3: "FFC7CE"}
@@ -170,7 +174,7 @@ def write_summary(out: Path, rows: list[dict]) -> None:
         ws.column_dimensions[ws.cell(1, i).column_letter].width = widths.get(k, 14)
     ws.freeze_panes = "A2"
     rules = wb.create_sheet("rules")
-    rules.append(["rule", "exit", "check", "text"])
+    rules.append(["rule", "class", "check", "text"])
     for r in RULES:
         rules.append(list(r))
     buf = io.BytesIO()

@@ -1,8 +1,9 @@
-"""Triage: the rules that pick one of three exits, and the second pass that localises a defect.
+"""Triage: the rules that pick one of three classes, and the second pass that localises a defect.
 
-Exit 1: consistent, or a documented, expected difference. Exit 2: a framework or adaptation problem found
-in the first pass (a crash, dtype promotion, shape handling, composition, memory). Exit 3: an operator's
-numerical or determinism defect, localised to the operator and its call site in a second pass.
+Class 1: consistent, or a documented, expected difference. Class 2: a framework or adaptation problem found
+in the first pass (a crash, dtype promotion, shape handling, composition, memory). Class 3: an operator's
+numerical or determinism defect, localised to the operator and its call site in a second pass. (The field is
+named `exit` in result.json; the process's exit code is another number, see command.py.)
 Rules are checked in the order written; the first that fires decides.
 """
 

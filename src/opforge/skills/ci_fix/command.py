@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from opforge.errors import InputError
+from opforge.errors import InputError, report_error
 
 
 def ci_fix_command(
@@ -43,7 +43,7 @@ def ci_fix_command(
             except OSError as exc:
                 raise InputError("--report", f"{report}: cannot write: {exc.strerror or exc}") from None
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        report_error(typer.echo, exc.where, exc.what, 2, as_json=as_json)  # with --json, JSON on stdout too
         raise typer.Exit(2)
     if as_json:
         typer.echo(json.dumps(rep, indent=2))

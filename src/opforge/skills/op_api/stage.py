@@ -15,6 +15,7 @@ from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.trace import trace_request
 from opforge.request import Request
+from opforge.skills.op_api.markdown import cell
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
@@ -158,7 +159,8 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
              "| ATen op | forward | joint fwd+bwd | kind | Triton | bit-exact |", "|---|---|---|---|---|---|"]
     for r in rows:
         ex = "—" if r["exact"] is None else ("yes" if r["exact"] else "no")
-        lines.append(f"| `{r['op']}` | {r['forward']} | {r['joint']} | {r['kind']} | {r['triton']} | {ex} |")
+        lines.append(f"| `{cell(r['op'])}` | {r['forward']} | {r['joint']} | {r['kind']} | {cell(r['triton'])} | "
+                     f"{ex} |")
     lines.append("")
     if unsupported:
         lines += ["## Unsupported", "", why + ":", "", *[f"- `{op}`" for op in unsupported], "",

@@ -10,7 +10,7 @@ from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.rows import RowPlan
 from opforge.request import Request
-from opforge.verify.cases import level0_cases, level1_cases
+from opforge.verify.cases import level0_bindings, level0_cases, level1_cases
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
@@ -137,7 +137,8 @@ def _saved_md(build, binding) -> list[str]:
 def run(ws: Workspace, req: Request, state) -> StageOutcome:
     spec = json.loads(ws.path("spec.json").read_text())
     build = plan_request(req)
-    l0 = level0_cases(spec["supported_dtypes"], spec["p0_shapes"])
+    p0 = level0_bindings(spec, bool(state.options.get("quick")))  # quick: scaled down, for a first run
+    l0 = level0_cases(spec["supported_dtypes"], p0)
     l1 = level1_cases(spec["supported_dtypes"], spec["dynamic_axes"],
                       {k: spec["default_params"][k] for k in spec["runtime_params"]})
     passes = [build.forward] + ([build.backward] if build.backward else [])
@@ -201,6 +202,9 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
                   "- Accumulators are float32 whatever the dtype.", ""]
     lines += ["## Verification matrix", "",
               f"Level 0: {len(l0)} cases (every SPEC dtype × every p0 shape). Level 1: {len(l1)} cases.", "",
+              *([f"Quick run (`--quick`): Level 0 at the p0 shapes scaled down to {', '.join(map(str, p0))}, "
+                 "the largest input at most 65,536 elements (the shipped blocks, several programs). Run without "
+                 "--quick to verify the p0 shapes themselves.", ""] if p0 != spec["p0_shapes"] else []),
               "| id | level | dtype | binding | distribution | breakers |", "|---|---|---|---|---|---|"]
     for c in l0 + l1:
         br = ", ".join(k for k in ("edges", "nonfinite") if c.get(k))

@@ -14,6 +14,7 @@ from string import Template
 from opforge.bench.aot import default_arch
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.request import Request
+from opforge.skills.op_precision.summary import per_output_lines
 from opforge.verify.cases import RECORD_ENV, SHIPPED_BLOCKS_UP_TO, read_records
 from opforge.workspace import REQUEST_COPY, StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
@@ -162,10 +163,7 @@ def render_precision(op: str, report: dict) -> str:
     skipped = f", {s['skipped']} skipped (the reference does not define them)" if s.get("skipped") else ""
     lines = [f"# Precision: {op}", "", f"pytest: `{s['pytest']}` (exit {s['pytest_rc']}). "
              f"Cases: {s['passed']}/{s['total']} passed{skipped}.", *_render_blocks(report["cases"]),
-             "", "## Per output (worst over all cases)", "",
-             "| output | cases | compared exactly | max abs error | max ULP |", "|---|---|---|---|---|"]
-    for name, w in report["per_output"].items():
-        lines.append(f"| {name} | {w['cases']} | {w['exact_cases']} | {w['max_abs']:.3g} | {w['max_ulp']} |")
+             "", *per_output_lines(report["cases"])]
     lines += ["", "Exact outputs are compared bit for bit with the golden's float32 path; max abs / ULP are then "
                   "against that path (0 means identical). Other outputs are against float64 truth.", "",
               *_render_eager(report.get("numerics_vs_eager")),

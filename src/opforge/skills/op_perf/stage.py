@@ -8,6 +8,7 @@ the GPU harness and autotuning plug in at `_time_kernel` and the `perf` record o
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import torch
@@ -72,8 +73,12 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
         tuning.update(rounds=len(tuning["history"]),
                       reason="; ".join(f"{s['binding']}: stopped, {s['stop']}" for s in tuning["shapes"]))
     rows = []
-    for binding in spec["p0_shapes"]:
-        for dt in spec["supported_dtypes"]:
+    shapes, dtypes = spec["p0_shapes"], spec["supported_dtypes"]
+    quick = bool(state.options.get("quick")) and not gpu
+    if quick:  # only the reference paths run here: one shape and dtype show their CPU times
+        shapes, dtypes = shapes[:1], dtypes[:1]
+    for binding in shapes:
+        for dt in dtypes:
             dtype = parse_dtype(dt)
             case = _case(golden, binding, dtype, grad_names, device)
             fused = getattr(impl, req.name) if gpu else None
@@ -92,7 +97,8 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
             "kernel_timing": None if gpu else NO_KERNEL_TIMING,
             "copy_ceiling": ceiling, "compile_modes": COMPILE_MODES,
             "baselines": ["eager", "compile_default"] + (["compile_max_autotune"] if gpu else []),
-            "rows": rows, "tuning": tuning, "headline": headline, "compiled": _compiled(compiled, spec)}
+            "rows": rows, "tuning": tuning, "headline": headline, "compiled": _compiled(compiled, spec),
+            "quick": quick}
     write_json_atomic(ws.path("perf.json"), perf)
     _plot(ws, rows, ceiling)
     write_text_atomic(ws.path("PERF.md"), _md(req, perf))
@@ -137,8 +143,56 @@ def _compiled(report: dict | None, spec: dict) -> dict | None:
 PATHS = ("eager", "compile_default", "compile_max_autotune", "fused")
 
 
+def _sig(x: float, digits: int) -> str:
+    """`x` to `digits` significant digits, in fixed point (times in ms span 1e-4 to 1e5)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    x = float(f"{x:.{digits}g}")  # rounded first: 0.099996 is 0.1000, not 0.10000
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def _samples(t: dict) -> int | None:
+    """How many timed samples the median is over: `runs` (CPU blocks) or `reps` (GPU repetitions)."""
+    n = t.get("runs", t.get("reps"))
+    return int(n) if n is not None else None
+
+
 def _ms(t: dict | None) -> str:
-    return f"{t['median_ms']:.3f} ± {t['iqr_ms']:.3f}" if t else "—"
+    """Median ± IQR; one sample has no spread, and says so instead of a ± 0."""
+    if not t:
+        return "—"
+    if _samples(t) == 1:
+        return f"{_sig(t['median_ms'], 4)} (one sample)"
+    return f"{_sig(t['median_ms'], 4)} ± {_sig(t['iqr_ms'], 2)}"
+
+
+TARGETS = {"speedup_vs_eager": ("speedup over eager", "speedup_vs_eager")}
+
+
+def _target_lines(req: Request, perf: dict) -> list[str]:
+    """The request's perf_target, and per shape and dtype what was measured against it ("not measured" where
+    nothing was: on a CPU the fused kernel is not timed)."""
+    target = getattr(req, "perf_target", None) or {}
+    lines = ["## Target", ""]
+    if not target:
+        return lines + ["The request sets no `perf_target`.", ""]
+    for key, value in target.items():
+        label, figure = TARGETS.get(key, (key, key))
+        lines.append(f"Request: `perf_target.{key}` = {value:g} ({label} ≥ {value:g}×).")
+        if perf["kernel_timing"]:
+            lines += ["", "Measured: **not measured**: kernel timing needs an accelerator, and this run had none "
+                          f"(device {perf['device']}; see the note above).", ""]
+            continue
+        lines += ["", "| shape | dtype | pass | measured | target met |", "|---|---|---|---|---|"]
+        for r in perf["rows"]:
+            for p, f in r.get("figures", {}).items():
+                if p == "backward_derived" or figure not in f:
+                    continue
+                lines.append(f"| {r['binding']} | {r['dtype']} | {p.replace('_', '+')} | {f[figure]:.2f}× | "
+                             f"{'yes' if f[figure] >= value else '**no**'} |")
+        lines.append("")
+    return lines
 
 
 def _md(req: Request, perf: dict) -> str:
@@ -155,8 +209,14 @@ def _md(req: Request, perf: dict) -> str:
                   f"every 10 calls. Copy ceiling (device-to-device, same run): {c['gbps']:.0f} GB/s. "
                   "torch.compile modes: " + ", ".join(f"{k} = {v}" for k, v in perf["compile_modes"].items())
                   + ".", ""]
+    lines += _target_lines(req, perf)
     title = "All paths" if gpu else "Reference paths"
-    lines += [f"## {title} (median ± IQR, ms)", "", "| shape | dtype | path | forward | forward+backward |"
+    lines += [f"## {title} (median ± IQR, ms)", "",
+              "Medians to 4 significant digits, interquartile ranges to 2; a time from one sample (a call slower "
+              "than the timer's budget) has no spread and says so.", "",
+              *(["Quick run (`--quick`): the reference paths are timed at the first p0 shape and dtype only; run "
+                 "without --quick for every one.", ""] if perf.get("quick") else []),
+              "| shape | dtype | path | forward | forward+backward |"
               + (" launches fwd | launches fwd+bwd |" if gpu else ""),
               "|---|---|---|---|---|" + ("---|---|" if gpu else "")]
     for r in perf["rows"]:
@@ -278,17 +338,21 @@ def _plot(ws: Workspace, rows, ceiling=None) -> None:
         return
     series = [k for k in rows[0]["times"]]
     for i, k in enumerate(series):
-        ax1.bar([x + (i - len(series) / 2) * width for x in xs], [r["times"][k]["median_ms"] for r in rows],
+        ax1.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], [r["times"][k]["median_ms"] for r in rows],
                 width, label=k.replace("_", " "))
+    ax1.set_yscale("log")  # small shapes take a thousandth of the large ones' time: a linear axis hides them
+    top = max(r["times"][k]["median_ms"] for r in rows for k in series)
+    ax1.set_ylim(top=top * 10)  # a decade of headroom for the legend
     ax1.set_xticks(list(xs), labels, fontsize=7)
-    ax1.set_ylabel("ms (median)")
+    ax1.set_ylabel("ms (median, log scale)")
     ax1.set_title(f"reference paths on {rows[0]['device']}")
     ax1.legend(fontsize=7)
     passes = [p for p in ("forward", "backward") if p in rows[0]["cost"]]
+    centre = (2 * len(passes) - 1) / 2  # the bars of each shape centred on its tick
     for i, p in enumerate(passes):
-        ax2.bar([x + (i - 1) * width * 2 for x in xs], [r["cost"][p]["eager_bytes"] / 2**20 for r in rows],
+        ax2.bar([x + (2 * i - centre) * width for x in xs], [r["cost"][p]["eager_bytes"] / 2**20 for r in rows],
                 width, label=f"{p} eager")
-        ax2.bar([x + (i - 1) * width * 2 + width for x in xs], [r["cost"][p]["fused_bytes"] / 2**20 for r in rows],
+        ax2.bar([x + (2 * i + 1 - centre) * width for x in xs], [r["cost"][p]["fused_bytes"] / 2**20 for r in rows],
                 width, label=f"{p} fused")
     ax2.set_xticks(list(xs), labels, fontsize=7)
     ax2.set_ylabel("MiB moved")

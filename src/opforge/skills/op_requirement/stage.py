@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from opforge.codegen.build import symbol_map
 from opforge.codegen.graph_text import dataflow_ascii, formula_lines, output_traits
+from opforge.codegen.ops import op_name
 from opforge.codegen.trace import example_inputs, trace_request
 from opforge.request import Request
 from opforge.verify.tolerance import parse_dtype, tolerance_for
@@ -94,6 +95,9 @@ def render_spec(req: Request, spec: dict, traced) -> str:
                      f"{s.get('range', 'distribution')} |")
     for o in spec["outputs"]:
         lines.append(f"| → {o['name']} | traced | {o['dtype']} | | |")
+    for g in spec["grad_inputs"]:
+        lines.append(f"| → grad_{g} | like {g} | like {g} | | |")
+    lines += ["", output_count_line(spec)]
     lines += ["", "Attributes: " + (", ".join(f"`{k}={v!r}`" for k, v in spec["default_params"].items()) or
                                    "none") + f". Run-time kernel arguments: {spec['runtime_params'] or 'none'}.",
               "", "## Dtypes", "", "| dtype | loaded as | computed in | stored as | atol | rtol |",
@@ -106,16 +110,11 @@ def render_spec(req: Request, spec: dict, traced) -> str:
               f"- Reductions, compared with float64 truth within tolerance (atol grows with √K for K reduced "
               f"elements, and admits 4× the reference's own float32 error): "
               f"{', '.join(spec['reduced_outputs']) or 'none'}.",
-              "- Everything else: float64 truth within the dtype tolerance above.", "",
+              f"- Everything else, compared with float64 truth within the dtype tolerance above: "
+              f"{', '.join(_other_outputs(spec)) or 'none'}.", "",
               numerics_vs_eager(req, spec, traced), "",
               "## Boundary handling", "",
-              "- Zero elements: outputs are empty; a full reduction of nothing is its identity (0 for sums).",
-              "- Shapes are run-time arguments: any size, including sizes that are not block multiples.",
-              _leading_line(req, spec),
-              "- Values beyond a clamp saturate at its bounds; exact .5 ties round to even, as `torch.round`.",
-              "- NaN and ±Inf propagate as they do through the reference, position by position.",
-              "- Per-tensor scalars below a floor attribute take the floor, as the reference does "
-              "(tested with scalars of 1e-6).", "",
+              *boundary_lines(req, spec, traced), "",
               "## Dataflow (traced forward graph)", "", "```",
               dataflow_ascii(traced.forward, ins, outs, symbol_map(traced.forward, req)), "```",
               ""]
@@ -131,6 +130,106 @@ def render_spec(req: Request, spec: dict, traced) -> str:
             numel *= v
         lines.append(f"| {b} | {numel:,} |")
     return "\n".join(lines) + "\n"
+
+
+def _compared_outputs(spec: dict) -> list[str]:
+    """Every tensor the kernel returns and the tests compare: the forward outputs, then the gradients."""
+    return [o["name"] for o in spec["outputs"]] + [f"grad_{g}" for g in spec["grad_inputs"]]
+
+
+def _other_outputs(spec: dict) -> list[str]:
+    kept = set(spec["exact_outputs"]) | set(spec["reduced_outputs"])
+    return [n for n in _compared_outputs(spec) if n not in kept]
+
+
+def output_count_line(spec: dict) -> str:
+    """How many outputs the op has, counted once each: forward outputs and input gradients."""
+    fwd = [o["name"] for o in spec["outputs"]]
+    grads = [f"grad_{g}" for g in spec["grad_inputs"]]
+    text = f"{_count(len(fwd) + len(grads), 'output')}: {_count(len(fwd), 'forward output')} ({', '.join(fwd)})"
+    if grads:
+        text += f" and {_count(len(grads), 'gradient')} ({', '.join(grads)})"
+    return text + "."
+
+
+def spec_summary(spec: dict) -> str:
+    """The stage's one-line outcome: the outputs, each in the one comparison class it falls in."""
+    n = len(_compared_outputs(spec))
+    return (f"SPEC with {_count(n, 'output')}: {len(spec['exact_outputs'])} bit-exact, "
+            f"{len(spec['reduced_outputs'])} reduced, {len(_other_outputs(spec))} elementwise within tolerance")
+
+
+_CLAMPS = ("clamp", "clamp_min", "clamp_max")
+_FLOORS = _CLAMPS + ("maximum", "minimum", "where")
+_COMPARISONS = ("gt", "ge", "lt", "le")
+_PASS_THROUGH = ("view", "_to_copy", "detach", "alias", "clone", "expand", "reshape", "squeeze", "unsqueeze")
+
+
+def _base(node) -> str:
+    """'clamp' for aten.clamp.default: the op's name without namespace and overload."""
+    name = op_name(node.target)
+    return name.split(".")[1] if name.startswith("aten.") else name
+
+
+def _graph_ops(traced) -> set[str]:
+    graphs = [traced.forward] + ([traced.joint] if traced.joint is not None else [])
+    return {_base(n) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def _floored_scalars(req: Request, traced) -> list[str]:
+    """Per-tensor scalar inputs (declared all-ones shape: the `below_eps` cases set them to 1e-6) that the
+    forward graph bounds directly, by a clamp, a maximum/minimum or a `where` choosing them or a bound."""
+    placeholders = [n for n in traced.forward.graph.nodes if n.op == "placeholder"]
+    scalars = {p: s.name for p, s in zip(placeholders, req.inputs)
+               if not s.index and s.shape and all(d == 1 for d in s.shape)}
+
+    def source(a):
+        while isinstance(a, torch.fx.Node) and a.op == "call_function" and _base(a) in _PASS_THROUGH:
+            a = a.args[0]
+        return a if isinstance(a, torch.fx.Node) else None
+
+    def bounded(n) -> list:
+        if _base(n) in _CLAMPS:
+            return list(n.args[:1])
+        if _base(n) != "where":
+            return list(n.args[:2])
+        cond = n.args[0]  # `where(scale > eps, scale, eps)`: a choice by comparing the scalar itself
+        if not (isinstance(cond, torch.fx.Node) and cond.op == "call_function" and _base(cond) in _COMPARISONS):
+            return []
+        compared = {source(a) for a in cond.args[:2]} - {None}
+        return [a for a in n.args[1:3] if source(a) in compared]
+
+    found = []
+    for n in traced.forward.graph.nodes:
+        if n.op != "call_function" or _base(n) not in _FLOORS:
+            continue
+        for a in bounded(n):
+            name = scalars.get(source(a))
+            if name and name not in found:
+                found.append(name)
+    return found
+
+
+def boundary_lines(req: Request, spec: dict, traced) -> list[str]:
+    """SPEC's boundary behaviours: the general ones, then only those the traced graphs' ops have."""
+    ops = _graph_ops(traced)
+    empty = "- Zero elements: outputs are empty"
+    if "sum" in ops:
+        empty += "; a sum over no elements is 0, its identity"
+    if ops & {"amax", "amin"}:
+        empty += ("; a max or min over no elements is undefined: the reference raises there, and the tests skip "
+                  "such a case")
+    lines = [empty + ".", "- Shapes are run-time arguments: any size, including sizes that are not block multiples.",
+             _leading_line(req, spec)]
+    if ops & set(_CLAMPS):
+        lines.append("- Values beyond a clamp saturate at its bounds, as `torch.clamp`.")
+    if "round" in ops:
+        lines.append("- Exact .5 ties round to even, as `torch.round`.")
+    lines.append("- NaN and ±Inf propagate as they do through the reference, position by position.")
+    for name in _floored_scalars(req, traced):
+        lines.append(f"- A `{name}` below its floor takes the floor, as the reference does (a per-tensor scalar; "
+                     f"tested with {name} = 1e-6).")
+    return lines
 
 
 _NARROW = (torch.bfloat16, torch.float16)
@@ -215,6 +314,4 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     spec, traced = build_spec(req)
     write_json_atomic(ws.path("spec.json"), spec)
     write_text_atomic(ws.path("SPEC.md"), render_spec(req, spec, traced))
-    return StageOutcome("completed", f"SPEC with {len(spec['exact_outputs'])} exact and "
-                                     f"{len(spec['reduced_outputs'])} reduced outputs",
-                        artifacts=["SPEC.md", "spec.json"])
+    return StageOutcome("completed", spec_summary(spec), artifacts=["SPEC.md", "spec.json"])

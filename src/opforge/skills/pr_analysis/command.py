@@ -11,16 +11,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from opforge.errors import InputError
+from opforge.errors import InputError, report_error
+from opforge.workspace.atomic import check_out_file
 
 STYLE = {"High": "bold red", "Medium": "yellow", "Low": "green", "None": "dim"}
 
 
 def _out_path(flag: str, path: Path | None) -> Path | None:
+    """A report path, refused before the analysis runs when it cannot be written ('-' is stdout or none)."""
     if path is None or str(path) == "-":
         return path
-    if not path.parent.is_dir():
-        raise InputError(flag, f"folder does not exist: {path.parent}")
+    check_out_file(path, flag)
     return path
 
 
@@ -86,7 +87,7 @@ def pr_analysis_command(
     from opforge.skills.pr_analysis.release import release_diff
     from opforge.skills.pr_analysis.report_text import to_json, write_json, write_markdown
 
-    console = Console(stderr=True)
+    console = Console(stderr=True)  # the progress bar; the summary goes to stdout
     to_stdout = json_out is not None and str(json_out) == "-"
     try:
         out_p = _out_path("--out", out)
@@ -125,9 +126,9 @@ def pr_analysis_command(
                     raise InputError(str(path), f"cannot write: {exc.strerror or exc}") from None
                 written.append(str(path))
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        report_error(typer.echo, exc.where, exc.what, 2, as_json=to_stdout)  # `--json -`: JSON on stdout too
         raise typer.Exit(2)
     if to_stdout:
         typer.echo(to_json(report), nl=False)
     else:
-        _print_summary(console, report, written)
+        _print_summary(Console(), report, written)

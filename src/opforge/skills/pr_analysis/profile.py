@@ -1,7 +1,8 @@
 """The backend profile: the operators a backend implements and the integration points it relies on.
 
 Sources: an op-plugin style yaml (sections of `- func:` entries), torchgen's backend yaml (`backend:`,
-`supported:`, `autograd:`), an opforge profile yaml (`operators:`, `integration_points:`), a plain list (one
+`supported:`, `autograd:`; torch_npu's npu_native_functions*.yaml extends it with `- func: NAME` entries that carry
+options), an opforge profile yaml (`operators:`, `integration_points:`), a plain list (one
 overload a line; yaml or json lists too), or `dispatch:KEY[@module]`, the operators the live dispatcher holds for
 KEY after importing the backend's module. Without one, a generic PrivateUse1 backend:
 every integration point, operators unknown.
@@ -89,7 +90,8 @@ def _from_dispatcher(spec: str) -> Profile:
 
 
 def _from_backend_yaml(path: Path, doc: dict) -> Profile:
-    """op-plugin sections of `- func:` entries, or torchgen's backend yaml (`supported:`, `autograd:` name lists)."""
+    """op-plugin sections of `- func:` entries, or torchgen's backend yaml (`supported:`, `autograd:` name lists,
+    torch_npu's also `- func: NAME` entries)."""
     ops: set[str] = set()
     autograd: set[str] = set()
     for section in BACKEND_SECTIONS:
@@ -97,14 +99,15 @@ def _from_backend_yaml(path: Path, doc: dict) -> Profile:
         if not isinstance(entries, list):
             raise InputError(f"{path}: {section}", "expected a list of operator names or entries with 'func'")
         for i, e in enumerate(entries):
-            if isinstance(e, str) and _OP_NAME.match(e.strip()):
-                key = _norm(e)
-            else:
-                func = e.get("func") if isinstance(e, dict) else e
-                # Shape only: op-plugin keeps entries for older torch releases that today's torchgen rejects.
-                if not isinstance(func, str) or not _FUNC.match(func):
-                    raise InputError(f"{path}: {section}[{i}]", f"neither an overload name nor a schema: {func!r}")
+            # A name, or an entry whose `func` is a schema or (torch_npu's `- func: clone` with options) a name.
+            func = e.get("func") if isinstance(e, dict) else e
+            if isinstance(func, str) and _OP_NAME.match(func.strip()):
+                key = _norm(func)
+            # Shape only: op-plugin keeps entries for older torch releases that today's torchgen rejects.
+            elif isinstance(func, str) and _FUNC.match(func):
                 key = func.split("(", 1)[0].strip()
+            else:
+                raise InputError(f"{path}: {section}[{i}]", f"neither an overload name nor a schema: {func!r}")
             ops.add(key)
             if section in ("autograd", "custom_autograd"):
                 autograd.add(key)
