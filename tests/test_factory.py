@@ -183,6 +183,7 @@ def test_rollback_then_resume_redoes_only_later_stages(ws_copy):
     assert not any((ws_copy / f).exists() for f in later)
     aside = [d for d in (ws_copy / "history_version").iterdir() if d.name.startswith("rolled_back_to_stage5_")]
     assert len(aside) == 1 and all((aside[0] / f).is_file() for f in later)
+    assert f"later file(s) to history_version/{aside[0].name}." in result.output
 
 
 def test_sigkill_in_stage5_then_resume(tmp_path):

@@ -205,13 +205,15 @@ def op_rollback(ws_dir: Path = typer.Argument(...), to: int = typer.Option(..., 
     from opforge.orchestrator.runner import rollback
 
     try:
-        restored = rollback(ws_dir, to)
+        done = rollback(ws_dir, to)
     except InputError as exc:
         _fail_input(exc, as_json)
     if as_json:
-        typer.echo(json.dumps({"to_stage": to, "restored": restored}))
+        typer.echo(json.dumps({"to_stage": to, **done}))
     else:
-        typer.echo(f"rolled back to stage {to}; restored {len(restored)} file(s). Run `opforge op resume {ws_dir}`.")
+        aside = f"; moved {len(done['moved_aside'])} later file(s) to {done['aside']}" if done["aside"] else ""
+        typer.echo(f"rolled back to stage {to}; restored {len(done['restored'])} file(s){aside}. "
+                   f"Run `opforge op resume {ws_dir}`.")
 
 
 @op_app.command("ops")

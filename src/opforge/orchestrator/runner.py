@@ -198,11 +198,11 @@ def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progres
     return state
 
 
-def rollback(ws_dir: str | Path, to_stage: int) -> list[str]:
+def rollback(ws_dir: str | Path, to_stage: int) -> dict:
     """Send `to_stage` and later back to pending, move those stages' artifacts out of the workspace (into
     `history_version/rolled_back_to_stage<N>_<timestamp>/`: a file in the workspace is never one that status
     calls pending), and put earlier stages' artifacts back as they were when those stages completed. Returns
-    the restored files; the event log records what was moved aside."""
+    {"restored": files, "moved_aside": files, "aside": folder or None}, as the event log records it."""
     root = Path(ws_dir)
     if to_stage not in STAGES:
         raise InputError("--to", f"stage {to_stage} does not exist (1..7)")
@@ -217,5 +217,6 @@ def rollback(ws_dir: str | Path, to_stage: int) -> list[str]:
                 restored += history.restore(root, snap["dir"])
         state.reset_from(to_stage, reason=f"rollback to stage {to_stage}")
         save_state(root, state)
-        events.log_event(root, "rollback", to_stage=to_stage, restored=restored, moved_aside=moved, aside=aside)
-    return restored
+        done = {"restored": restored, "moved_aside": moved, "aside": aside}
+        events.log_event(root, "rollback", to_stage=to_stage, **done)
+    return done
