@@ -4,6 +4,7 @@ mechanics are checked)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from pathlib import Path
 
@@ -145,12 +146,10 @@ def test_a_tuned_size_leaves_every_other_size_alone(rms, tmp_path):
     assert write_tuned(copy, {(2048, 4096): {}}) == ["(2048, 4096)"]  # back to the defaults: entry dropped
     text = copy.read_text()
     assert "TUNED: dict[tuple, dict] = {\n    (8, 64): {'TILE': 256, 'ROW_NUM_WARPS': 16},\n}\n" in text
-    tuned = load_module(copy, "bench_rms_norm_tuned_impl")
-    assert tuned._knobs(8, 64)["TILE"] == 256 and tuned._knobs(5, 40)["TILE"] == 256  # same powers of two
-    assert tuned._knobs(8, 128)["TILE"] == tuned._knobs(16, 64)["TILE"] == 4096  # other sizes: the defaults
-    assert tuned._row_launch(4096, tuned._knobs(8, 64)) == {}  # the interpreter takes no launch options
-
-    kernel, block_r = tuned._rms_norm_forward_kernel, []
+    # the written table as the module reads it (the fixture's module: a second copy of the impl would register
+    # opforge::rms_norm again, and dropping it would take the first one's registration with it)
+    table = ast.literal_eval(text.split("TUNED: dict[tuple, dict] = ", 1)[1].split("\n}\n", 1)[0] + "\n}")
+    kernel, block_r = impl._rms_norm_forward_kernel, []
 
     class Spy:
         def __getitem__(self, grid):
@@ -158,13 +157,16 @@ def test_a_tuned_size_leaves_every_other_size_alone(rms, tmp_path):
                 block_r.append(kwargs["BLOCK_R"])
                 return kernel[grid](*args, **kwargs)
             return launch
-    tuned._rms_norm_forward_kernel = Spy()
+    impl.TUNED, impl._rms_norm_forward_kernel = table, Spy()
     try:
+        assert impl._knobs(8, 64)["TILE"] == 256 and impl._knobs(5, 40)["TILE"] == 256  # same powers of two
+        assert impl._knobs(8, 128)["TILE"] == impl._knobs(16, 64)["TILE"] == 4096  # other sizes: the defaults
+        assert impl._row_launch(4096, impl._knobs(8, 64)) == {}  # the interpreter takes no launch options
         for n in (8, 64):
             x, w = torch.randn(n, 64), torch.randn(64)
-            torch.testing.assert_close(tuned.rms_norm(x, w), req.load_reference()(x, w, **req.attr_defaults))
+            torch.testing.assert_close(impl.rms_norm(x, w), req.load_reference()(x, w, **req.attr_defaults))
     finally:
-        tuned._rms_norm_forward_kernel = kernel
+        impl.TUNED, impl._rms_norm_forward_kernel = {}, kernel
     assert block_r == [4, 64]  # 8 rows: the tuned 256-element tile; 64 rows: the default 4096
 
 
