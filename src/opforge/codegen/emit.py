@@ -401,7 +401,7 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
              '"""\n']
     plans = [p for p in (fwd, bwd) if p is not None]
     ordered = any(p.meets_at_ticket for p in plans)
-    split = any(k.layout == "rows" and k.splits_rows for p in plans for k in p.kernels)
+    split = any(p.splits_rows for p in plans)
     knobs = ["BLOCK", "TILE", "MAX_BLOCK_C", "NUM_WARPS"] + (["ORDERED_PARTIALS", "MAX_PROGRAMS"] if ordered else [])
     knobs += ["ROW_SPLIT"] if split else []
     parts.append(PREAMBLE.format(block=block, num_warps=num_warps, max_block_c=MAX_BLOCK_C,

@@ -105,6 +105,9 @@ class PassPlan(Protocol):
     @property
     def column_sums(self) -> bool: ...  # column reductions, added up by a second kernel
 
+    @property
+    def splits_rows(self) -> bool: ...  # a row kernel whose rows several programs may share (ROW_SPLIT)
+
 
 @dataclass
 class KernelPlan:
@@ -140,6 +143,7 @@ class KernelPlan:
     layout = "flat"
     chained = False
     column_sums = False
+    splits_rows = False
     walks = 1  # a flat kernel reads each element once
     why = ()  # one kernel: nothing to explain
 

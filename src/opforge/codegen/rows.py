@@ -644,6 +644,10 @@ class ChainPlan:
     def column_sums(self) -> bool:
         return any(k.column_sums for k in self.kernels)
 
+    @property
+    def splits_rows(self) -> bool:
+        return any(k.splits_rows for k in self.kernels)
+
 
 def _copy_graph(gm: torch.fx.GraphModule):
     g = torch.fx.Graph()

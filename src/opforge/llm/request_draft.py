@@ -157,13 +157,11 @@ def check_out(out: Path, force: bool = False) -> None:
     """Refuse, in one line naming `out`, a request folder that cannot be written, before the model is asked: a
     file in its place or above it, a parent that cannot be made, a non-empty folder without `force`."""
     try:
-        if out.exists() and not out.is_dir():
-            raise InputError(str(out), "is a file; --out names the request folder to write")
         if out.is_dir() and any(out.iterdir()) and not force:
             raise InputError(str(out), "folder exists and is not empty (or --force to replace it)")
     except OSError as exc:  # a folder that cannot be looked into
         raise os_error(out, exc) from None
-    check_out_folder(out)
+    check_out_folder(out, "the request folder to write")
 
 
 def _place(stage: Path, out: Path, force: bool) -> None:

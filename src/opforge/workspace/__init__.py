@@ -89,12 +89,13 @@ def os_error(path: Path, exc: OSError) -> InputError:
     return InputError(str(path), f"cannot create it: {exc.strerror or exc}{culprit}")
 
 
-def check_out_folder(out: Path) -> None:
-    """Refuse, in one line naming `out`, a folder that cannot be made there: a file in its place or above it,
-    or a parent this user cannot write. Checked before the request is traced, so the user hears at once."""
+def check_out_folder(out: Path, names: str = "the workspace folder to create") -> None:
+    """Refuse, in one line naming `out`, a folder that cannot be made there: a file in its place (`names` says
+    what --out should name) or above it, or a parent this user cannot write. Checked before any work, so the
+    user hears at once."""
     try:
         if out.exists() and not out.is_dir():
-            raise InputError(str(out), "is a file; --out names the workspace folder to create")
+            raise InputError(str(out), f"is a file; --out names {names}")
         above = out.absolute().parent
         while not above.exists():
             above = above.parent

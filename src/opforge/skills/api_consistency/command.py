@@ -47,13 +47,11 @@ def check_out(out: Path) -> None:
     """Refuse, in one line naming `out`, a folder for the reports that cannot be used: a file in its place or
     above it, a folder that cannot be written, a parent that cannot be made. Checked before any case runs."""
     try:
-        if out.exists() and not out.is_dir():
-            raise InputError(str(out), "is a file; --out names the folder to write the reports in")
         if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
             raise InputError(str(out), "is a folder this user cannot write")
     except OSError as exc:  # a folder above that cannot even be looked into
         raise os_error(out, exc) from None
-    check_out_folder(out)
+    check_out_folder(out, "the folder to write the reports in")
 
 
 def run_batch(specs: list[str], target: str, out: Path, *, fn: str | None = None, seed: int = 0, runs: int = 3,

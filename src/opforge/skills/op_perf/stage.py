@@ -167,19 +167,18 @@ def _ms(t: dict | None) -> str:
     return f"{_sig(t['median_ms'], 4)} ± {_sig(t['iqr_ms'], 2)}"
 
 
-TARGETS = {"speedup_vs_eager": ("speedup over eager", "speedup_vs_eager")}
+TARGET_LABELS = {"speedup_vs_eager": "speedup over eager"}  # a perf_target key is also its figure's name
 
 
 def _target_lines(req: Request, perf: dict) -> list[str]:
     """The request's perf_target, and per shape and dtype what was measured against it ("not measured" where
     nothing was: on a CPU the fused kernel is not timed)."""
-    target = getattr(req, "perf_target", None) or {}
     lines = ["## Target", ""]
-    if not target:
+    if not req.perf_target:
         return lines + ["The request sets no `perf_target`.", ""]
-    for key, value in target.items():
-        label, figure = TARGETS.get(key, (key, key))
-        lines.append(f"Request: `perf_target.{key}` = {value:g} ({label} ≥ {value:g}×).")
+    for figure, value in req.perf_target.items():
+        lines.append(f"Request: `perf_target.{figure}` = {value:g} ({TARGET_LABELS.get(figure, figure)} ≥ "
+                     f"{value:g}×).")
         if perf["kernel_timing"]:
             lines += ["", "Measured: **not measured**: kernel timing needs an accelerator, and this run had none "
                           f"(device {perf['device']}; see the note above).", ""]
