@@ -13,3 +13,6 @@ fi
 # test data from the package registry: torch_npu's operator yaml, read out of the torch-npu wheel (never installed)
 # into .cache/registry/ (git-ignored); cached, so a second run downloads nothing. See tests/registry_data.py.
 .venv/bin/python tests/registry_data.py >/dev/null
+# the reference PrivateUse1 backend (opdev) the toolbox's tests run on: compiled once, then cached by content
+# under ~/.cache/opforge/backend (OPFORGE_BACKEND_CACHE moves it)
+.venv/bin/opforge backend build

@@ -66,6 +66,15 @@ def test_workspace_is_a_leaf():
     assert not bad, "the workspace must stay a leaf:\n" + "\n".join(bad)
 
 
+def test_the_backend_is_a_substrate_not_a_skill():
+    """The reference backend is built on by skills (op-adapt, test-triage); it never reaches up into one."""
+    bad = [f"{path.relative_to(SRC)} imports {mod}"
+           for path in sorted((SRC / "backend").rglob("*.py"))
+           for mod in sorted(opforge_imports(path))
+           if not mod.startswith(("opforge.backend", "opforge.workspace", "opforge.errors"))]
+    assert not bad, "\n".join(bad)
+
+
 def test_leaf_check_sees_late_and_relative_imports(tmp_path, monkeypatch):
     pkg = tmp_path / "opforge" / "workspace"
     pkg.mkdir(parents=True)

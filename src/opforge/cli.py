@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from opforge.backend.cli import backend_app
 from opforge.bench.cli import bench_app
 from opforge.errors import InputError, json_error, report_error
 from opforge.hosts.cli import hooks_app, init_cmd, skills_app
@@ -44,6 +45,7 @@ app.command("pr-analysis")(pr_analysis_command)
 app.add_typer(skills_app, name="skills")
 app.add_typer(hooks_app, name="hooks")
 app.add_typer(bench_app, name="bench")
+app.add_typer(backend_app, name="backend")
 app.command("init")(init_cmd)
 
 out_console = Console()  # results: status and gate tables
