@@ -31,6 +31,8 @@ from opforge.hosts.cli import hooks_app, init_cmd, skills_app
 from opforge.llm.cli import draft_cmd
 from opforge.skills.api_consistency.command import api_consistency
 from opforge.skills.ci_fix.command import ci_fix_command
+from opforge.skills.op_adapt.command import op_adapt_command
+from opforge.skills.op_test.command import op_test_app
 from opforge.skills.pr_analysis.command import pr_analysis_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -42,6 +44,8 @@ op_app.command("draft")(draft_cmd)
 app.command("ci-fix")(ci_fix_command)
 app.command("api-consistency")(api_consistency)
 app.command("pr-analysis")(pr_analysis_command)
+app.command("op-adapt")(op_adapt_command)
+app.add_typer(op_test_app, name="op-test")
 app.add_typer(skills_app, name="skills")
 app.add_typer(hooks_app, name="hooks")
 app.add_typer(bench_app, name="bench")

@@ -19,7 +19,7 @@ from typing import Callable
 
 import filelock
 
-from opforge.backend import vendor
+from opforge.backend import custom_ops, vendor
 from opforge.errors import InputError
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
@@ -28,7 +28,7 @@ BACKEND_YAML = "opdev_functions.yaml"
 EXTENSION = "_opdev_C"
 CFLAGS = ["-O2", "-fvisibility-inlines-hidden"]
 SOURCE_SUFFIXES = (".cpp", ".h", ".yaml")
-_GENERATORS = ("build.py", "vendor.py", "cpp.py")
+_GENERATORS = ("build.py", "vendor.py", "cpp.py", "custom_ops.py")
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
@@ -95,17 +95,21 @@ def cached(root: Path = NATIVE) -> Build | None:
 
 def generate(root: Path, gen: Path) -> list[Path]:
     """Write the generated sources of `root` into `gen`: torchgen's registrations and the vendor kernels."""
-    from torchgen.gen_backend_stubs import run as gen_backend_stubs
-
     gen.mkdir(parents=True, exist_ok=True)
-    try:
-        gen_backend_stubs(str(root / BACKEND_YAML), str(gen), dry_run=False)
-    except (AssertionError, KeyError, ValueError) as exc:  # torchgen reports a bad backend yaml by assertion
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        raise InputError(str(root / BACKEND_YAML), f"torchgen refused it: {message}") from None
+    # torchgen's own CLI, in a child: its parser keeps global state that a second run in one process trips on
+    proc = subprocess.run([sys.executable, "-m", "torchgen.gen_backend_stubs", "-s", str(root / BACKEND_YAML),
+                           "-o", str(gen)], capture_output=True, text=True)
+    if proc.returncode != 0:  # torchgen reports a bad backend yaml by an assertion: its message is the last line
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        message = lines[-1].split(": ", 1)[-1] if lines else f"exit {proc.returncode}"
+        raise InputError(str(root / BACKEND_YAML), f"torchgen refused it: {' '.join(message.split())}")
     kernels = vendor.load_kernels(root / "vendor" / "kernels.yaml")
     write_text_atomic(gen / "vk_kernels.h", vendor.emit_header(kernels))
     write_text_atomic(gen / "vk_kernels.cpp", vendor.emit_source(kernels))
+    ops = custom_ops.load(root)
+    write_text_atomic(gen / "CustomNativeFunctions.h", custom_ops.emit_header(ops))
+    if ops:
+        write_text_atomic(gen / "RegisterCustom.cpp", custom_ops.emit_registrations(ops))
     return sorted(gen.glob("*.cpp"))
 
 

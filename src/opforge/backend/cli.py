@@ -1,6 +1,7 @@
 """`opforge backend build | info | test`: the reference PrivateUse1 backend, built and checked here."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -28,10 +29,9 @@ def _root(root: Path | None) -> Path:
     return root
 
 
-def build_with_progress(root: Path, force: bool = False) -> backend_build.Build:
-    """Build, showing ninja's steps as a progress bar on stderr."""
-    if not force and (found := backend_build.cached(root)):
-        return found
+@contextlib.contextmanager
+def build_progress():
+    """A progress bar on stderr for a build; yields the callback that `build.build` reports ninja's steps to."""
     with Progress(TextColumn("building opdev"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("generating registrations", total=None)
@@ -39,6 +39,13 @@ def build_with_progress(root: Path, force: bool = False) -> backend_build.Build:
         def step(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what)
 
+        yield step
+
+
+def build_with_progress(root: Path, force: bool = False) -> backend_build.Build:
+    if not force and (found := backend_build.cached(root)):
+        return found
+    with build_progress() as step:
         return backend_build.build(root, force=force, progress=step)
 
 
@@ -85,6 +92,8 @@ def info_cmd(root: Path = typer.Option(None, "--root", help=ROOT_HELP),
     console.print(f"operators ({len(info['operators'])}): {', '.join(info['operators'])}")
     if info["autograd"]:
         console.print(f"autograd kernels: {', '.join(info['autograd'])}")
+    if info["custom_operators"]:
+        console.print(f"custom operators: {', '.join(info['custom_operators'])}")
     table = Table("vendor kernel", "ATen overload", "dtypes", title="vendor kernel library")
     for k in info["vendor_kernels"]:
         table.add_row(k["name"], k["aten"], ", ".join(k["dtypes"]))
@@ -104,5 +113,7 @@ def test_cmd(ctx: typer.Context, root: Path = typer.Option(None, "--root", help=
         report_error(typer.echo, "opforge backend test", f"{exc} (full log: {exc.log})", 1)
         raise typer.Exit(1) from None
     env = {**os.environ, "OPDEV_ROOT": str(tree)}
-    cmd = [sys.executable, "-m", "pytest", str(TESTS), "-q", "-p", "no:cacheprovider", *ctx.args]
+    # the runtime's own tests, then the tests of every operator adapted into the tree
+    suites = [str(TESTS)] + ([str(tree / "tests")] if (tree / "tests").is_dir() else [])
+    cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", *ctx.args]
     raise typer.Exit(subprocess.run(cmd, env=env).returncode)

@@ -22,13 +22,14 @@ class CppBuffer:
             self.line(ln)
 
     @contextlib.contextmanager
-    def block(self, opener: str, closer: str = "}"):
+    def block(self, opener: str, closer: str = "}", *, indent: bool = True):
+        """`opener {` ... `closer`; a namespace's body is not indented (indent=False), as C++ style has it."""
         self.line(f"{opener} {{")
-        self._depth += 1
+        self._depth += indent
         try:
             yield
         finally:
-            self._depth -= 1
+            self._depth -= indent
             self.line(closer)
 
     def text(self) -> str:
@@ -49,6 +50,20 @@ def native_functions() -> dict:
     root = torchgen_root() / "native"
     parsed = parse_native_yaml(str(root / "native_functions.yaml"), str(root / "tags.yaml"))
     return {str(f.func.name): f for f in parsed.native_functions}
+
+
+@functools.lru_cache(maxsize=1)
+def functional_overloads() -> dict[str, str]:
+    """Each in-place or out= ATen overload's functional overload ("sub_.Tensor" -> "sub.Tensor")."""
+    from torchgen.gen import get_grouped_native_functions as grouped
+    from torchgen.model import NativeFunctionsGroup
+
+    table = {}
+    for g in grouped(list(native_functions().values())):
+        if isinstance(g, NativeFunctionsGroup):
+            for f in g.functions():
+                table[str(f.func.name)] = str(g.functional.func.name)
+    return table
 
 
 @functools.lru_cache(maxsize=1)

@@ -33,6 +33,16 @@ def _load():
 BUILD, _C = _load()
 
 
+def _load_python_registrations() -> None:
+    """The tree's python/*.py: custom operators' Meta functions and autograd, registered once the library has
+    defined their schemas."""
+    for path in sorted((ROOT / "python").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"opdev_registrations.{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+
+
 def is_available() -> bool:
     return True
 
@@ -127,3 +137,4 @@ def _register() -> None:
 
 
 _register()
+_load_python_registrations()

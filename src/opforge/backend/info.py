@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from opforge.backend import DEVICE, IMPORT, build, vendor
+from opforge.backend import DEVICE, IMPORT, build, custom_ops, vendor
 from opforge.errors import InputError
 
 
@@ -36,5 +36,6 @@ def describe(root: Path = build.NATIVE) -> dict:
         "library": str(found.library) if found else None,
         "operators": list(data.get("supported") or []),
         "autograd": list(data.get("autograd") or []),
+        "custom_operators": [op.qualified for op in custom_ops.load(root)],
         "vendor_kernels": [{"name": k.name, "aten": k.aten, "dtypes": list(k.dtypes)} for k in kernels.values()],
     }

@@ -1,8 +1,6 @@
 #include "ops/OpApi.h"
 #include "ops/OutputSize.h"
 
-#include <ATen/ops/result_type.h>
-
 #include "PrivateUse1NativeFunctions.h"
 
 namespace opdev {
@@ -10,7 +8,7 @@ namespace opdev {
 at::Tensor OpdevNativeFunctions::add(
     const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   at::Tensor out = op_api::empty(
-      output_size::broadcast(self, other), at::result_type(self, other), self);
+      output_size::broadcast({self, other}), op_api::result_type({self, other}), self);
   EXEC_OPDEV_CMD(vkAdd, self, other, alpha, out);
   return out;
 }

@@ -4,9 +4,11 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/equal_native.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
@@ -120,6 +122,21 @@ at::Tensor& OpdevNativeFunctions::fill_(at::Tensor& self, const at::Scalar& valu
 at::Tensor& OpdevNativeFunctions::zero_(at::Tensor& self) {
   host_alias(self).zero_();
   return self;
+}
+
+at::Tensor OpdevNativeFunctions::_efficientzerotensor(
+    at::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> /*layout*/,
+    std::optional<at::Device> device, std::optional<bool> /*pin_memory*/) {
+  // Autograd's zero gradients (sgn's, say): a tensor of the ZeroTensor key that holds no memory at all.
+  auto guard = guard_for(device);
+  at::Device where(kDeviceType, current_device());
+  at::native::ZeroTensorAllocator zeros(where);
+  const c10::DispatchKeySet keys = kKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &zeros, keys, c10::dtype_or_default(dtype), std::nullopt);
+}
+
+bool OpdevNativeFunctions::equal(const at::Tensor& self, const at::Tensor& other) {
+  return at::native::cpu_equal(host_alias(self), host_alias(other));
 }
 
 } // namespace opdev

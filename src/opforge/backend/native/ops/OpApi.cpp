@@ -1,6 +1,10 @@
 #include "ops/OpApi.h"
 
+#include <ATen/native/TypeProperties.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <algorithm>
 
 namespace opdev::op_api {
 
@@ -26,6 +30,31 @@ at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& 
   at::Device device = like.device().type() == kDeviceType ? like.device()
                                                            : at::Device(kDeviceType, current_device());
   return at::empty(sizes, at::TensorOptions().dtype(dtype).device(device));
+}
+
+bool dtype_in(const at::Tensor& t, std::initializer_list<at::ScalarType> dtypes) {
+  return std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) != dtypes.end();
+}
+
+at::Tensor meta(const at::Tensor& t) {
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+
+std::optional<at::Tensor> meta(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? std::optional<at::Tensor>(meta(*t)) : t;
+}
+
+at::ScalarType result_type(at::ArrayRef<at::Tensor> operands) {
+  at::native::ResultTypeState state;
+  for (const at::Tensor& t : operands) {
+    state = at::native::update_result_type_state(t, state);
+  }
+  return at::native::result_type(state);
+}
+
+at::ScalarType int_to_float(at::ScalarType type) {
+  return at::isIntegralType(type, /*includeBool=*/true) ? c10::typeMetaToScalarType(at::get_default_dtype())
+                                                         : type;
 }
 
 TensorArg::TensorArg(const at::Tensor& t) : defined_(t.defined()) {

@@ -11,6 +11,7 @@
 #include <c10/core/Scalar.h>
 #include <c10/util/string_view.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -22,6 +23,18 @@ int32_t to_vk_dtype(at::ScalarType type);
 
 // A new opdev tensor on `like`'s device.
 at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like);
+
+// A tensor on the meta device with `t`'s sizes, strides and dtype: ATen's Meta kernels then give an
+// operator's output size and dtype without touching memory.
+at::Tensor meta(const at::Tensor& t);
+std::optional<at::Tensor> meta(const std::optional<at::Tensor>& t);
+
+// Whether `t` has one of `dtypes` (an operator's CHECKLIST dtypes).
+bool dtype_in(const at::Tensor& t, std::initializer_list<at::ScalarType> dtypes);
+
+// Output dtypes: the operands' promoted type, and the same with integers promoted to the default float.
+at::ScalarType result_type(at::ArrayRef<at::Tensor> operands);
+at::ScalarType int_to_float(at::ScalarType type);
 
 class TensorArg {
  public:

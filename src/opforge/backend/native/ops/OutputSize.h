@@ -7,7 +7,13 @@
 
 namespace opdev::output_size {
 
-// The broadcast of two operands' sizes.
-c10::SmallVector<int64_t, 8> broadcast(const at::Tensor& self, const at::Tensor& other);
+using Sizes = c10::SmallVector<int64_t, 8>;
+
+// Whether the operands' sizes broadcast together, and to what.
+bool broadcastable(at::ArrayRef<at::Tensor> operands);
+Sizes broadcast(at::ArrayRef<at::Tensor> operands);
+
+// `self` reduced over `dims` (every dimension when empty), kept as size 1 when `keepdim`.
+Sizes reduce(const at::Tensor& self, at::IntArrayRef dims, bool keepdim);
 
 } // namespace opdev::output_size

@@ -1,0 +1,19 @@
+// aten::sub on opdev: each overload's kernel follows its CHECKLIST (adaptations/).
+#include "ops/OpApi.h"
+#include "ops/OutputSize.h"
+
+#include "PrivateUse1NativeFunctions.h"
+
+namespace opdev {
+
+// aten::sub.Tensor: from adaptations/sub.Tensor/CHECKLIST.md (dtypes, checks, output, vendor kernel)
+at::Tensor OpdevNativeFunctions::sub(const at::Tensor & self, const at::Tensor & other, const at::Scalar & alpha) {
+  TORCH_CHECK(op_api::dtype_in(self, {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kChar, at::kByte, at::kShort, at::kInt, at::kLong}), "sub: self must have dtype in [float32 float64 float16 bfloat16 int8 uint8 int16 int32 int64] on opdev");
+  TORCH_CHECK(op_api::dtype_in(other, {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kChar, at::kByte, at::kShort, at::kInt, at::kLong}), "sub: other must have dtype in [float32 float64 float16 bfloat16 int8 uint8 int16 int32 int64] on opdev");
+  TORCH_CHECK(output_size::broadcastable({self, other}), "sub: the shapes of self, other cannot be broadcast together");
+  at::Tensor out = op_api::empty(output_size::broadcast({self, other}), op_api::result_type({self, other}), self);
+  EXEC_OPDEV_CMD(vkSub, self, other, alpha, out);
+  return out;
+}
+
+} // namespace opdev

@@ -1,0 +1,100 @@
+"""op-apidoc: an adapted operator's API page. Every argument is listed with its type and default exactly as
+the schema has them; the description comes from torch's own docstring where there is one; the example is
+run on the device and the page shows the output it printed."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from opforge.errors import OpforgeError
+from opforge.skills.op_adapt.checklist import Checklist
+
+
+class ExampleFailed(OpforgeError):
+    """The page's example did not run on the device."""
+
+
+def _docstring(c: Checklist) -> str:
+    import torch
+
+    fn = getattr(torch, c.name, None)
+    return (getattr(fn, "__doc__", None) or "") if c.kind == "aten" else ""
+
+
+def description(c: Checklist) -> str:
+    """The docstring's first paragraph after its signature line, or the schema when there is none."""
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", _docstring(c).strip()) if p.strip()]
+    body = [p for p in paragraphs[1:] if not p.startswith(("..", "Args:", "Keyword args:", "Example"))]
+    return " ".join(body[0].split()) if body else f"`{c.schema}`."
+
+
+def argument_docs(c: Checklist) -> dict[str, str]:
+    """Each argument's description from the docstring's Args section (torch calls `self` `input` there)."""
+    docs = {}
+    for m in re.finditer(r"^\s+(\w+) \(([^)]*)\): (.+)$", _docstring(c), flags=re.M):
+        docs["self" if m.group(1) == "input" else m.group(1)] = m.group(3).strip()
+    return docs
+
+
+def doc_path(c: Checklist) -> str:
+    return f"docs/{c.overload_name}.md" if c.kind == "aten" else f"docs/{c.op.replace('::', '.')}.md"
+
+
+def example_code(c: Checklist) -> str:
+    """A small program that calls the overload on opdev with float inputs and prints the result."""
+    dtype = next((d for d in c.dtypes if d.startswith("float")), c.dtypes[0])
+    lines = ["import torch", "", "import opforge.backend.device  # noqa: F401  (registers opdev)", "",
+             "torch.manual_seed(0)"]
+    call = []
+    for a in c.arguments:
+        if a.default is not None or a.kwarg_only:
+            continue
+        if a.is_tensor:
+            if dtype == "bool":
+                made = "torch.rand(2, 3) > 0.5"
+            elif dtype.startswith(("float", "bfloat")):
+                made = f"torch.randn(2, 3, dtype=torch.{dtype})"
+            else:
+                low = 0 if dtype == "uint8" else -5
+                made = f"torch.randint({low}, 6, (2, 3), dtype=torch.{dtype})"
+            lines.append(f'{a.name} = ({made}).to("opdev")')
+            call.append(a.name)
+        elif a.type.startswith(("int", "Scalar")):
+            call.append("1")
+        elif a.type.startswith("float"):
+            call.append("0.5")
+        elif a.type.startswith("bool"):
+            call.append("False")
+    if c.kind == "aten":
+        op = f"torch.ops.aten.{c.name}.{c.overload or 'default'}"
+    else:
+        op = f"torch.ops.{c.op.replace('::', '.')}"
+    lines += [f"out = {op}({', '.join(call)})", "print(out.device, out.dtype)", "print(out.cpu())"]
+    return "\n".join(lines) + "\n"
+
+
+def run_example(code: str, root: Path) -> str:
+    """Run `code` against the opdev tree `root` (built) and return what it printed."""
+    env = {**os.environ, "OPDEV_ROOT": str(root)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ExampleFailed(f"the API page's example failed on opdev: {last}")
+    return proc.stdout
+
+
+def markdown(c: Checklist, code: str, output: str) -> str:
+    docs = argument_docs(c)
+    lines = [f"# {c.op} on opdev", "", description(c), "", "```", c.schema, "```", "", "## Parameters", "",
+             "| name | type | default | description |", "|---|---|---|---|"]
+    for a in c.arguments:
+        default = f"`{a.default}`" if a.default is not None else "required"
+        lines.append(f"| {a.name} | `{a.type}` | {default} | {docs.get(a.name, '')} |")
+    lines += ["", f"Returns `{c.returns}`.", "", "## Dtypes", "", ", ".join(c.dtypes), "", "## Constraints", ""]
+    lines += [f"- {r.text}; otherwise: `{r.message}`" for r in c.constraints] or ["none"]
+    lines += ["", "## Example", "", "```python", code.rstrip(), "```", "", "Output (run on opdev):", "", "```",
+              output.rstrip(), "```", ""]
+    return "\n".join(lines)
