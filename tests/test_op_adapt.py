@@ -44,7 +44,7 @@ def test_every_file_of_the_adaptation_is_written_from_the_checklist(adapted):
     assert "at::Tensor OpdevNativeFunctions::exp(const at::Tensor & self) {" in kernel
     assert "EXEC_OPDEV_CMD(vkExp, self, out);" in kernel
     assert "op_api::dtype_in(self, {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16})" in kernel
-    assert json.loads((root / "schema.json").read_text()) == {"aten::exp": "exp(Tensor self) -> Tensor"}
+    assert json.loads((root / "schema.json").read_text())["aten::exp"] == "exp(Tensor self) -> Tensor"
     assert "DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)" in \
         (root / "tests/test_exp_opdev.py").read_text()
 
@@ -124,7 +124,7 @@ def test_a_build_that_fails_takes_the_whole_patch_back(tmp_path):
 
 def test_the_shipped_tree_is_not_touched_by_an_adaptation_elsewhere(adapted):
     assert "- exp\n" not in (build.NATIVE / "opdev_functions.yaml").read_text()
-    assert not (build.NATIVE / "adaptations").exists()
+    assert not (build.NATIVE / "adaptations" / "exp").exists()
 
 
 def verdicts(root: Path, *extra: str) -> dict[str, tuple[str, str | None]]:

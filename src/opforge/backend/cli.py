@@ -72,6 +72,23 @@ def build_cmd(root: Path = typer.Option(None, "--root", help=ROOT_HELP),
         typer.echo(f"opdev built in {found.seconds:.1f} s: {found.library}")
 
 
+@backend_app.command("clean")
+def clean_cmd(as_json: bool = typer.Option(False, "--json")):
+    """Remove every cached build but the shipped tree's current one (each adaptation's tree has its own)."""
+    import shutil
+
+    keep = backend_build.build_dir(backend_build.NATIVE)
+    root = backend_build.cache_root()
+    removed = [p for p in sorted(root.glob("opdev-*")) if p.is_dir() and p != keep]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+        Path(str(p) + ".lock").unlink(missing_ok=True)
+    if as_json:
+        typer.echo(json.dumps({"removed": [str(p) for p in removed], "kept": str(keep)}, indent=2))
+    else:
+        typer.echo(f"removed {len(removed)} cached build(s) from {root}")
+
+
 @backend_app.command("info")
 def info_cmd(root: Path = typer.Option(None, "--root", help=ROOT_HELP),
              as_json: bool = typer.Option(False, "--json")):

@@ -41,18 +41,22 @@ def _pytest(args: list[str], root: Path, junit: Path) -> int:
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800).returncode
 
 
-def _cases(junit: Path):
+def _cases(junit: Path, root: Path):
+    """(testcase, its failure or None, its file relative to root, its node id) for each test in the report."""
     for case in ET.parse(junit).getroot().iter("testcase"):
         problem = case.find("failure")
         if problem is None:
             problem = case.find("error")
-        file = case.get("file") or case.get("classname", "").replace(".", "/").rsplit("/", 1)[0] + ".py"
-        yield case, problem, file
-
-
-def _nodeid(case, file: str) -> str:
-    cls = case.get("classname", "").rsplit(".", 1)[-1]
-    return f"{file}::{cls}::{case.get('name')}"
+        # junit's classname is the module's dotted path, then the class if the test is a method
+        parts = case.get("classname", "").split(".")
+        for cut in (len(parts), len(parts) - 1):
+            file = "/".join(parts[:cut]) + ".py"
+            if (root / file).is_file():
+                owner = parts[cut:]
+                break
+        else:
+            file, owner = "/".join(parts) + ".py", []
+        yield case, problem, file, "::".join([file, *owner, case.get("name")])
 
 
 def run(root: Path, targets: list[str] | None = None, *, reruns: int = 2, progress=None) -> dict:
@@ -67,11 +71,10 @@ def run(root: Path, targets: list[str] | None = None, *, reruns: int = 2, progre
         _pytest(targets or ["tests"], root, junit)
         if not junit.is_file():
             raise InputError(str(root), "pytest wrote no report (collection failed before any test ran)")
-        cases = list(_cases(junit))
-        failures = [(case, problem, file) for case, problem, file in cases if problem is not None]
+        cases = list(_cases(junit, root))
+        failures = [c for c in cases if c[1] is not None]
         verdicts = []
-        for i, (case, problem, file) in enumerate(failures):
-            nodeid = _nodeid(case, file)
+        for i, (case, problem, file, nodeid) in enumerate(failures):
             if progress:
                 progress(i, len(failures), nodeid)
             failure = parse_failure(nodeid, problem.get("message") or "", problem.text or "")
