@@ -7,9 +7,9 @@ CPU autograd graph runs backward, so the CHECKLIST can say which of them the bac
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from opforge.backend.cpp import native_functions, out_overloads
+from opforge.backend.testing import OverloadRecorder
 
 
 def _aten(overload: str):
@@ -64,20 +64,9 @@ def dtype_rule(overload: str) -> str:
     return "result_type"
 
 
-class _Recorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(f"{func._schema.name.split('::')[1]}"
-                        + (f".{func._overloadname}" if func._overloadname != "default" else ""))
-        return func(*args, **(kwargs or {}))
-
-
 def reaches(info, sample, overload: str) -> bool:
     """Whether the OpInfo's call on `sample` reaches `overload` (a sample may take another overload)."""
-    with _Recorder() as seen:
+    with OverloadRecorder() as seen:
         try:
             info.op(sample.input, *sample.args, **sample.kwargs)
         except (RuntimeError, NotImplementedError, TypeError):
@@ -97,7 +86,7 @@ def backward_ops(info, overload: str) -> list[str]:
         result = info.op(sample.input, *sample.args, **sample.kwargs)
         if not isinstance(result, torch.Tensor) or not result.requires_grad:
             continue
-        with _Recorder() as seen:
+        with OverloadRecorder() as seen:
             result.backward(torch.ones_like(result))
         ops |= set(seen.ops)
     return sorted(ops)

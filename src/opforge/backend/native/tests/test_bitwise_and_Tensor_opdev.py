@@ -10,51 +10,26 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.common_device_type import instantiate_device_type_tests, ops
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase
-from torch.utils._python_dispatch import TorchDispatchMode
 
 # tests/conftest.py has registered opdev before torch.testing listed the backends to instantiate for
 import opforge.backend.device  # noqa: F401
+from opforge.backend.testing import samples, to_device
 
 OVERLOAD = torch.ops.aten.bitwise_and.Tensor
+NAME = "bitwise_and.Tensor"  # the OpInfo samples tested are those that reach this overload
 DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)  # CHECKLIST: dtypes
 GRAD_DTYPES = ()
 GRAD_INPUTS = ()  # CHECKLIST: inputs that get gradients
 OPINFOS = [o for o in op_db if o.name == "bitwise_and" and o.variant_test_name == ""]
 
 
-class _Reaches(TorchDispatchMode):
-    """Notes whether a call reaches the adapted overload (a sample may take another one)."""
-
-    def __init__(self):
-        super().__init__()
-        self.hit = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.hit |= func is OVERLOAD
-        return func(*args, **(kwargs or {}))
-
-
-def samples(op, dtype, requires_grad=False):
-    """The OpInfo's CPU samples that reach the adapted overload."""
-    for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
-        with _Reaches() as seen:
-            op(s.input, *s.args, **s.kwargs)
-        if seen.hit:
-            yield s
-
-
-def to(device, sample):
-    return sample.transform(lambda t: t.detach().to(device).requires_grad_(t.requires_grad)
-                            if isinstance(t, torch.Tensor) else t)
-
-
 class TestBitwiseAndOpdev(TestCase):
     @ops(OPINFOS, allowed_dtypes=DTYPES)
     def test_samples_match_cpu(self, device, dtype, op):
         reached = 0
-        for s in samples(op, dtype):
+        for s in samples(op, dtype, NAME):
             expected = op(s.input, *s.args, **s.kwargs)
-            d = to(device, s)
+            d = to_device(device, s)
             actual = op(d.input, *d.args, **d.kwargs)
             self.assertEqual(actual.device.type, "opdev")
             torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
@@ -63,8 +38,8 @@ class TestBitwiseAndOpdev(TestCase):
 
     @ops(OPINFOS, allowed_dtypes=DTYPES)
     def test_fake_tensors_match_the_device(self, device, dtype, op):
-        for s in samples(op, dtype):
-            d = to(device, s)
+        for s in samples(op, dtype, NAME):
+            d = to_device(device, s)
             actual = op(d.input, *d.args, **d.kwargs)
             with FakeTensorMode() as mode:
                 f = d.transform(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t)
@@ -74,10 +49,10 @@ class TestBitwiseAndOpdev(TestCase):
 
     @ops(OPINFOS, allowed_dtypes=DTYPES[:1])
     def test_compiles_without_graph_breaks(self, device, dtype, op):
-        for s in list(samples(op, dtype))[:4]:  # each sample compiled afresh: shapes and ranks differ
+        for s in list(samples(op, dtype, NAME))[:4]:  # each sample compiled afresh: shapes and ranks differ
             torch._dynamo.reset()
             compiled = torch.compile(op, fullgraph=True, backend="aot_eager")
-            d = to(device, s)
+            d = to_device(device, s)
             torch.testing.assert_close(compiled(d.input, *d.args, **d.kwargs).cpu(),
                                        op(s.input, *s.args, **s.kwargs), equal_nan=True)
 
