@@ -267,6 +267,7 @@ def test_catalog_table_for_measured_rows(rms):
     cost = next(c for c in cost_model(dataclasses.replace(req, p0=[BINDING]), traced, plan_request(req, traced))
                 if c["dtype"] == "float32")
     figs = figures(res["times"], cost, 50.0)
+    res["times"]["fused_forward"]["device_ms"] = 0.0123  # the profiler's kernel time, as on a GPU
     report = {"date": "d", "device": "cuda", "device_name": "test", "torch": "t", "triton": "x",
               "kernel_timing": None, "baselines": ["eager"], "copy_ceiling": {"gbps": 50.0},
               "compile_modes": {"compile_default": "default"},
@@ -278,7 +279,7 @@ def test_catalog_table_for_measured_rows(rms):
     fwd = next(line for line in md.splitlines() if line.startswith("| rms_norm | 8x64 | float32 | forward |"))
     cells = [c.strip() for c in fwd.strip("|").split("|")]
     assert len(cells) == len(md.splitlines()[md.splitlines().index(fwd) - 1].strip("|").split("|"))
-    assert f"{figs['forward']['speedup_vs_eager']:.2f}×" in cells and "1.0" in cells
+    assert f"{figs['forward']['speedup_vs_eager']:.2f}×" in cells and "1.0" in cells and "0.012" in cells
     if "backward_derived" in figs:  # only when the fused backward took measurable time
         bwd = next(line for line in md.splitlines() if "backward (derived)" in line)
         assert bwd.count("|") == fwd.count("|")

@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 import sympy
 import torch
+import torch.nn.functional as F
 import yaml
+from conftest import make_request
 from test_catalog import CATALOG, EXAMPLES, built  # noqa: F401  (built: the catalog's impls, a fixture)
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._sympy.functions import FloorDiv, PythonMod
 
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.codegen.symbolic import group_divisions, pysrc
-from opforge.codegen.trace import TraceError
+from opforge.codegen.decompose import SizeSafeFunctionals
+from opforge.codegen.symbolic import group_divisions, pysrc, real_src
+from opforge.codegen.trace import TraceError, trace_request
 from opforge.request import load_request
 from opforge.workspace import load_module
 
@@ -251,3 +254,45 @@ def test_catalog_op_on_empty_inputs_matches_torch(built, name, sym):  # noqa: F8
 def test_catalog_launchers_and_fakes_divide_sizes_only_by_constants(built):  # noqa: F811
     for name, (_, impl, _) in built.items():
         assert size_divisions(Path(impl.__file__).read_text(), kernels=False) == [], name
+
+
+def test_a_product_of_sizes_in_pointwise_math_is_taken_as_a_float_past_2_31(tmp_path):
+    """Size arguments are int32 in a kernel: LSQ's 1/sqrt(127·M·N) wrapped for a 64M-element weight (NaN outputs
+    on an H200, 2026-12-04). Sizes in pointwise math are floats from the first factor on."""
+    M, N = sympy.symbols("M N", integer=True, positive=True)
+    expr = 127 * M * N - 3 * M + 5
+    path = tmp_path / "size_kernel.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef k(out_ptr, M, N):\n"
+                    f"    tl.store(out_ptr, {real_src(expr, {})})\n")
+    out = torch.zeros(1)
+    load_module(path, "size_kernel").k[(1,)](out, 2**20, 2**14)
+    want = float(expr.subs({M: 2**20, N: 2**14}))
+    assert out.item() == pytest.approx(want, rel=1e-6)
+
+
+FIXES_A_SIZE = """import torch
+def forward(weight, scale, eps=1e-4, qmin=-128.0, qmax=127.0):
+    return weight * scale / int(weight.shape[0])
+"""
+
+
+def test_a_reference_that_reads_a_size_as_an_int_is_refused_at_trace(tmp_path):
+    """Such a trace holds the probe's sizes as constants: a kernel built from it computed the probe's shape for
+    every input (torch 2.11's cross_entropy with probability targets, seen on an H200)."""
+    req = load_request(make_request(tmp_path / "req", reference=FIXES_A_SIZE))
+    with pytest.raises(TraceError, match="fixed dimension N of weight"):
+        trace_request(req)
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"label_smoothing": 0.1}, {"weight": True},
+                                {"labels": True}])
+def test_size_safe_cross_entropy_is_torchs_and_defers_what_it_does_not_cover(kw):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 5, 3, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 5, (6, 3), generator=g) if kw.pop("labels", False) else torch.rand(6, 5, 3, generator=g,
+                                                                                            dtype=torch.float64)
+    if kw.pop("weight", False):
+        kw["weight"] = torch.rand(5, generator=g, dtype=torch.float64)
+    with SizeSafeFunctionals():
+        got = F.cross_entropy(x, t, **kw)
+    torch.testing.assert_close(got, F.cross_entropy(x, t, **kw), rtol=1e-12, atol=0)

@@ -157,6 +157,11 @@ def _ms(t):
     return f"{t['median_ms']:.3f}" if t else "—"
 
 
+def _device_ms(t) -> str:
+    # the profiler's summed kernel time: a median well above it is time spent issuing the call from the host
+    return f"{t['device_ms']:.3f}" if t and t.get("device_ms") else "—"
+
+
 def to_markdown(report: dict) -> str:
     lines = [f"# Catalog benchmark: {report['device_name']}", "",
              f"Date {report['date']}; torch {report['torch']}; Triton {report['triton']}; device {report['device']}.",
@@ -172,7 +177,7 @@ def to_markdown(report: dict) -> str:
     paths = report["baselines"] + (["fused"] if not report["kernel_timing"] else [])
     head = "| op | shape | dtype | pass | " + " | ".join(f"{p} ms" for p in paths)
     if not report["kernel_timing"]:
-        head += " | × eager | × compile | × max-autotune | GB/s | % ceiling | launches"
+        head += " | × eager | × compile | × max-autotune | GB/s | % ceiling | launches | fused device ms"
     lines += [head + " | eager bytes | fused bytes (model) |", "|" + "---|" * (head.count("|") + 2)]
     failed = [r for r in report["ops"] if "error" in r]
     for r in report["ops"]:
@@ -190,7 +195,8 @@ def to_markdown(report: dict) -> str:
                           ("speedup_vs_eager", "speedup_vs_compile_default", "speedup_vs_compile_max_autotune")]
                 cells += [f"{f['gbps']:.0f}" if "gbps" in f else "—",
                           f"{f['pct_of_copy_ceiling']:.0f}%" if "pct_of_copy_ceiling" in f else "—",
-                          str(r["launches"].get(f"fused_{p}", "—"))]
+                          str(r["launches"].get(f"fused_{p}", "—")),
+                          _device_ms(r["times"].get(f"fused_{p}"))]
             c = r["cost"].get(cp, {})
             cells += [f"{c.get('eager_bytes', 0):,}", f"{c.get('fused_bytes', 0):,}"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -199,10 +205,11 @@ def to_markdown(report: dict) -> str:
             cells = [r["op"], shape, r["dtype"], "backward (derived)"] + ["—"] * len(paths)
             cells += [f"{d[k]:.2f}×" if k in d else "—" for k in
                       ("speedup_vs_eager", "speedup_vs_compile_default", "speedup_vs_compile_max_autotune")]
-            lines.append("| " + " | ".join(cells + ["—"] * 5) + " |")
+            lines.append("| " + " | ".join(cells + ["—"] * 6) + " |")
     if failed:
         lines += ["", "## Not measured (the run failed for these operators)", ""]
         lines += [f"- **{r['op']}** ({r['dtype']}): {r['error']}" for r in failed]
     lines += ["", "Bytes per pass are the cost model's (API_REPORT.md); for forward+backward the byte columns show "
-                  "the backward pass alone.", ""]
+                  "the backward pass alone. Fused device ms: the kernels' summed time per call (torch.profiler); a "
+                  "median well above it is host time (dispatch, launches).", ""]
     return "\n".join(lines)

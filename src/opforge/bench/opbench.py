@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from opforge.bench.harness import clock_for, measure
-from opforge.bench.launches import launches_per_call
+from opforge.bench.harness import StaleOutputError, clock_for, measure
+from opforge.bench.launches import profile_calls
 from opforge.bench.timing import time_cpu
 
 # relative L2 error a right answer stays far below in any dtype (bfloat16 rounding is ~4e-3) and an answer for
@@ -115,10 +115,16 @@ def bench_case(case: OpCase, reference: Callable, fused: Callable | None, *, rep
         fn = fused if vname == "fused" else _variant(vname, reference)
         for pname, bwd in passes:
             call = case.forward_backward(fn) if bwd else case.forward(fn)
-            t = measure(call, case.inputs, clock=clock, reference=case.reference(reference, bwd),
-                        rel_tol=STALE_REL_TOL, rep_ms=rep_ms, warmup_ms=rep_ms / 4)
+            try:
+                t = measure(call, case.inputs, clock=clock, reference=case.reference(reference, bwd),
+                            rel_tol=STALE_REL_TOL, rep_ms=rep_ms, warmup_ms=rep_ms / 4)
+            except StaleOutputError as exc:  # which path: the report names it
+                raise StaleOutputError(f"{vname} {pname.replace('_', '+')}: {exc}") from exc
             times[f"{vname}_{pname}"] = t.to_dict()
-            launches[f"{vname}_{pname}"] = launches_per_call(call, case.inputs(99))
+            prof = profile_calls(call, case.inputs(99))
+            launches[f"{vname}_{pname}"] = prof and prof["launches"]
+            if prof:
+                times[f"{vname}_{pname}"]["device_ms"] = prof["device_ms"]
     return {"times": times, "launches": launches}
 
 

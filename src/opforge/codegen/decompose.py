@@ -12,8 +12,10 @@ import contextlib
 import operator
 
 import torch
+import torch.nn.functional as F
 from torch._decomp import get_decompositions
 from torch._guards import detect_fake_mode
+from torch.overrides import TorchFunctionMode
 
 from opforge.codegen.ops import REDUCE_KIND, op_name
 
@@ -29,6 +31,32 @@ DECOMPOSITIONS = get_decompositions([
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
     aten.nll_loss_forward, aten.nll_loss_backward,
 ])
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    """Probability targets, mean over rows: torch before 2.13 divides by input.numel() read as a C++ int, which
+    fixes every size of the trace; the same formula with the size kept symbolic."""
+    if not (target.is_floating_point() and weight is None and size_average is None and reduce is None
+            and reduction == "mean" and label_smoothing == 0.0 and input.dim() >= 2):
+        return NotImplemented
+    return -(torch.log_softmax(input, 1) * target).sum() / (input.numel() // input.shape[1])
+
+
+class SizeSafeFunctionals(TorchFunctionMode):
+    """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions are replaced
+    by the same formula in tensor operations, so that every supported torch traces one symbolic graph."""
+
+    TABLE = {F.cross_entropy: _cross_entropy}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rewrite = self.TABLE.get(func)
+        if rewrite is not None:
+            out = rewrite(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)
 
 
 def _one_per_row(x, dim, index, src=None) -> bool:

@@ -35,6 +35,7 @@ from opforge.codegen.symbolic import (
     graph_shapes,
     product,
     pysrc,
+    real_src,
     shape_env_of,
     shape_of,
     tidy,
@@ -82,37 +83,42 @@ class _Emitter:
         self.held = ieee_nodes(plan.gm.graph, plan.out_nodes)  # IEEE division where outputs are held exact
 
     # -- operands ------------------------------------------------------------------------------------------
-    def sym(self, a) -> str:
+    def sym(self, a, real: bool = False) -> str:
+        """A size expression; `real`: as a float for pointwise math (see `real_src`)."""
+        src = real_src if real else pysrc
         if isinstance(a, int) and not isinstance(a, bool):
-            return str(a)
+            return f"{a}.0" if real else str(a)
         if isinstance(a, torch.fx.Node):
             if a.op == "call_function" and OP_TABLE[op_name(a.target)].kind == SYMBOLIC:
                 t = a.target
                 if op_name(t) == "aten.sym_size.int":
-                    return f"({pysrc(shape_of(a.args[0], self.env)[a.args[1]], self.p.symbols)})"
+                    return f"({src(shape_of(a.args[0], self.env)[a.args[1]], self.p.symbols)})"
                 if op_name(t) == "aten.sym_numel.default":
-                    return f"({pysrc(product(shape_of(a.args[0], self.env)), self.p.symbols)})"
+                    return f"({src(product(shape_of(a.args[0], self.env)), self.p.symbols)})"
                 if op_name(t) in ("torch.sym_float", "torch.sym_int"):
-                    return self.sym(a.args[0])
+                    return self.sym(a.args[0], real)
                 val = a.meta.get("val")
                 if isinstance(val, torch.SymInt):  # torch's simplified value: numel // size is a size, not a division
-                    return f"({pysrc(val.node.expr, self.p.symbols)})"
-                return f"({self.sym(a.args[0])} {SYM_OPS[t]} {self.sym(a.args[1])})"
+                    return f"({src(val.node.expr, self.p.symbols)})"
+                if real and SYM_OPS[t] in "+-*":
+                    return f"({self.sym(a.args[0], True)} {SYM_OPS[t]} {self.sym(a.args[1], True)})"
+                text = f"({self.sym(a.args[0])} {SYM_OPS[t]} {self.sym(a.args[1])})"
+                return f"({text} * 1.0)" if real else text
             raise KeyError(a)
         if isinstance(a, (torch.SymInt, torch.SymFloat)):
-            return f"({pysrc(a.node.expr, self.p.symbols)})"
+            return f"({src(a.node.expr, self.p.symbols)})"
         return _literal(a)
 
     def render(self, a, shift, blk):
         """An operand of pointwise math: sizes become floats there."""
         if isinstance(a, torch.fx.Node):
             if a.op == "call_function" and OP_TABLE[op_name(a.target)].kind == SYMBOLIC:
-                return f"({self.sym(a)} * 1.0)"
+                return self.sym(a, real=True)
             return self.ev(a, shift, blk)
         if isinstance(a, (list, tuple)):
             return a
         if isinstance(a, (torch.SymInt, torch.SymFloat)):
-            return f"({self.sym(a)} * 1.0)"
+            return self.sym(a, real=True)
         return _literal(a)
 
     # -- values --------------------------------------------------------------------------------------------

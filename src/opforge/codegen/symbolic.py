@@ -113,6 +113,26 @@ def pysrc(expr, names: dict) -> str:
     return _Printer().doprint(exact_groups(renamed(expr, names)))
 
 
+def real_src(expr, names: dict) -> str:
+    """A shape expression as a float, for pointwise math: sums and products are taken in floating point from
+    the first factor on, so that 127·M·N of size arguments (int32 in a kernel) cannot wrap past 2**31."""
+    return _real(exact_groups(renamed(expr, names)))
+
+
+def _real(e) -> str:
+    if e.is_Integer:
+        return f"{int(e)}.0"
+    if e.is_Symbol:
+        return f"{e} * 1.0"
+    if isinstance(e, sympy.Add):
+        return " + ".join(_real(a) for a in e.args)
+    if isinstance(e, sympy.Mul):  # the first factor makes the product a float; the rest follow
+        head, *rest = e.args
+        return " * ".join([_real(head) if head.is_Atom else f"({_real(head)})"]
+                          + [str(a) if a.is_Atom else f"({_real(a)})" for a in rest])
+    return f"{_Printer()._operand(e)} * 1.0"  # floor divisions and remainders stay integer arithmetic
+
+
 def renamed(expr, names: dict) -> sympy.Expr:
     e = sympy.sympify(expr)
     return e.xreplace({s: _named(names.get(s, str(s))) for s in e.free_symbols})

@@ -14,8 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from opforge.codegen.decompose import DECOMPOSITIONS, factor_column_sums, rewrite_inplace, rewrite_variance
+from opforge.codegen.decompose import (
+    DECOMPOSITIONS,
+    SizeSafeFunctionals,
+    factor_column_sums,
+    rewrite_inplace,
+    rewrite_variance,
+)
 from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, dim_size
 
@@ -100,7 +107,8 @@ def run_reference(req: Request, fn, tensors, attrs):
 def _make_fx(req: Request, f, args):
     where = f"{req.reference_file}:{req.reference_func}"
     try:
-        return make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*args)
+        with SizeSafeFunctionals():
+            gm = make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*args)
     except InputError:
         raise
     except Exception as exc:
@@ -108,6 +116,21 @@ def _make_fx(req: Request, f, args):
         if "data-dependent" in msg or "GuardOnDataDependent" in type(exc).__name__:
             msg = "it branches on tensor values (data-dependent control flow cannot be fused)"
         raise TraceError(where, f"tracing the reference failed: {type(exc).__name__}: {msg}") from None
+    _refuse_fixed_sizes(req, gm, where)
+    return gm
+
+
+def _refuse_fixed_sizes(req: Request, gm: torch.fx.GraphModule, where: str) -> None:
+    """A size the request declares symbolic must stay a symbol in the trace: a reference that reads it as a
+    Python int (int(x.shape[0]), a C++ operator calling numel()) fixes it at the probe value, and a kernel
+    built from that graph would compute the probe's shape for every input."""
+    for spec, ph in zip(req.inputs, gm.graph.find_nodes(op="placeholder")):
+        val = ph.meta.get("val")
+        for dim, size in zip(spec.shape, getattr(val, "shape", ())):
+            if not isinstance(dim, int) and is_concrete_int(size):
+                raise TraceError(where, f"the trace fixed dimension {dim} of {spec.name} at {int(size)}: the "
+                                        "reference reads it as a Python int (int(), .item(), a size in Python "
+                                        "control flow); use tensor sizes as they are, so that it stays symbolic")
 
 
 def _trace_pair(req: Request, fn, tensors, grads: bool):
