@@ -190,8 +190,10 @@ def test_access_widths_count_128_bit_accesses():
     ld.global.nc.v2.b32 { %r5, %r6 }, [ %rd3 + 0 ];
     @%p1 st.global.v2.b64 [ %rd4 + 0 ], { %rd5, %rd6 };
     ld.shared.v4.b32 { %r7, %r8, %r9, %r10 }, [ %r11 + 0 ];
+    wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%f1}, %rd7, %rd8, 1, 1, 1, 0, 1;
     """
-    assert access_widths(ptx) == {"loads": 3, "loads_128": 1, "stores": 1, "stores_128": 1, "bf16_cvt": 0}
+    assert access_widths(ptx) == {"loads": 3, "loads_128": 1, "stores": 1, "stores_128": 1, "bf16_cvt": 0,
+                                  "wgmma": 1, "mma": 0}
 
 
 def test_rows_of_65536_columns_stay_in_registers_without_spills(tmp_path):

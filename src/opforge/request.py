@@ -20,7 +20,7 @@ import yaml
 from opforge.errors import InputError
 
 REQUEST_FILE = "request.yaml"
-CATEGORIES = ("elementwise", "reduction", "norm", "activation", "other")
+CATEGORIES = ("elementwise", "reduction", "norm", "activation", "matmul", "attention", "other")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 INDEX_DTYPES = ("int64", "int32")  # class labels and other indices: never differentiated, read exactly
 ATTR_TYPES = {"float": float, "int": int, "bool": bool}

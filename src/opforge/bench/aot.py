@@ -120,6 +120,9 @@ def access_widths(ptx: str) -> dict:
             out[f"{kind}_128"] += 1
     # bfloat16 stores should round in hardware (cvt.rn.bf16[x2].f32), not with integer arithmetic on the bits
     out["bf16_cvt"] = len(re.findall(r"cvt\.rn\.bf16(?:x2)?\.f32", ptx))
+    # matrix products on the tensor cores: Hopper's warpgroup wgmma, or the warp-level mma of earlier chips
+    out["wgmma"] = len(re.findall(r"\bwgmma\.mma_async\b", ptx))
+    out["mma"] = len(re.findall(r"\bmma\.sync\b", ptx))
     return out
 
 
@@ -275,7 +278,7 @@ def shape_label(binding: dict) -> str:
     return "x".join(str(v) for v in binding.values())
 
 
-FIGURE_COLUMNS = "warps | regs | spill B | smem B | 128-bit ld, st | occupancy | programs | waves"
+FIGURE_COLUMNS = "warps | regs | spill B | smem B | 128-bit ld, st | tensor cores | occupancy | programs | waves"
 
 
 def figure_cells(b: dict) -> str:
@@ -284,8 +287,9 @@ def figure_cells(b: dict) -> str:
     occ = f"{b['occupancy']:.0%}" if "occupancy" in b else "—"
     waves = f"{b['waves']:.2f}" if b.get("waves") is not None else "—"
     vec = f"{b['loads_128']}/{b['loads']}, {b['stores_128']}/{b['stores']}" if "loads" in b else "—"
+    tc = next((f"{k} ×{b[k]}" for k in ("wgmma", "mma") if b.get(k)), "—")
     return (f"{b['num_warps']} | {b.get('registers', '—')} | {b.get('spill_bytes', '—')} | {b['shared_bytes']} | "
-            f"{vec} | {occ} | {programs} | {waves}")
+            f"{vec} | {tc} | {occ} | {programs} | {waves}")
 
 
 def to_markdown(report: dict) -> str:
@@ -298,14 +302,14 @@ def to_markdown(report: dict) -> str:
              "binder for the shape shown and compiled to a cubin with Triton's ptxas. No kernel ran: the figures "
              "are the compiler's.", "",
              f"| op | shape | dtype | pass | kernel | constexprs | stages | {FIGURE_COLUMNS} | status |",
-             "|" + "---|" * 16]
+             "|" + "---|" * 17]
     notes = []
     for op in report["ops"]:
         for b in op["builds"]:
             short = b["kernel"].removeprefix(f"_{op['op']}_").removesuffix("_kernel")
             head = f"| {op['op']} | {shape_label(b['binding'])} | {b['dtype']} | {b['pass']} | {short} |"
             if "error" in b:
-                lines.append(head + " — |" * 10 + " **failed** |")
+                lines.append(head + " — |" * 11 + " **failed** |")
                 notes.append(f"- **{op['op']} {short}** ({shape_label(b['binding'])}): {b['error']}")
                 continue
             cx = ", ".join(f"{k}={v}" for k, v in b["constexprs"].items())
@@ -313,7 +317,8 @@ def to_markdown(report: dict) -> str:
             lines.append(f"{head} {cx} | {b['num_stages']} | {figure_cells(b)} | {status} |")
     lines += ["", "regs: registers per thread; spill B: bytes per thread spilled to local memory (a memory-bound "
                   "kernel that spills pays for it in bandwidth); smem B: shared memory per program; 128-bit ld, st: "
-                  "global load and store instructions in the PTX that move 128 bits, of all; occupancy: "
+                  "global load and store instructions in the PTX that move 128 bits, of all; tensor cores: the "
+                  "matrix instructions in the PTX (wgmma on sm_90, mma.sync before); occupancy: "
                   "resident warps per SM over the SM's 64 slots, as registers, warps and shared memory allow "
                   "(theoretical); waves: programs over the resident slots of the whole device "
                   f"({SM_LIMITS.get(parse_arch(report['arch']), {}).get('sms', '?')} SMs assumed); below 1 the launch "

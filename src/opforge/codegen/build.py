@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import sympy
 
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
+from opforge.codegen.gemm import has_products, plan_staged
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
 from opforge.codegen.saved import SavedStats, add_outputs, forward_stats, read_instead
@@ -48,6 +49,15 @@ def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list
               like: dict) -> KernelPlan | RowPlan | ChainPlan:
     """The flat kernel when every value is full-size or a scalar; otherwise the row kernel, or a chain of them
     when a value needs a finished column or full reduction for every row."""
+    if has_products(gm):  # matrix products: GEMM stages, the rest planned as glue by this function
+        def glue(gname, sub, names, outs, glike):
+            plan = plan_pass(req, gname, sub, names, outs, glike)
+            if not hasattr(plan, "dims"):  # a flat plan's launcher reads its sizes off its inputs
+                plan.dims = graph_dims(sub, names)
+            return plan
+        plan = plan_staged(name, gm, input_names, outputs, like, glue)
+        plan.dims = graph_dims(gm, input_names)
+        return plan
     try:
         return plan_kernel(name, gm, input_names, outputs, like)
     except Unsupported:
@@ -73,6 +83,10 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     a second one that adds their partial rows) and memsets or fills (the zeroed ticket and accumulators of a
     kernel whose programs meet, a max or min accumulator's identity, the zeroed partial rows of rows too long
     for registers)."""
+    if plan.layout == "staged":  # one kernel a GEMM stage, and what each glue stage launches
+        glue = [device_events(p, subs, max_block_c) for p in plan.glue]
+        return {"kernels": len(plan.gemms) + sum(g["kernels"] for g in glue),
+                "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):
         kernels += 1 + k.column_sums

@@ -11,7 +11,9 @@ import re
 import textwrap
 
 from opforge.codegen.across import finish, helpers, launch_setup, meet
+from opforge.codegen.emit_gemm import GEMM_KNOBS, emit_gemm_kernel, emit_gemm_launcher
 from opforge.codegen.emit_rows import COLUMN_SUMS, _size_sources, emit_row_kernel, emit_row_launcher
+from opforge.codegen.gemm import VIEW_METHODS, GemmStage, HostView
 from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
@@ -226,6 +228,9 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
 
 
 def _kernel_source(op: str, plan) -> str:
+    if plan.layout == "staged":
+        return "\n\n".join(emit_gemm_kernel(op, s) if isinstance(s, GemmStage) else _kernel_source(op, s.plan)
+                           for s in plan.steps if not isinstance(s, HostView))
     if plan.chained:
         return "\n\n".join(_kernel_source(op, k) for k in plan.kernels)
     if plan.layout == "rows":
@@ -234,6 +239,8 @@ def _kernel_source(op: str, plan) -> str:
 
 
 def _launcher_source(op: str, plan, dims: dict, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    if plan.layout == "staged":
+        return _staged_launcher(op, plan, fn_name, tensor_args, attrs)
     if plan.chained:
         return _chain_launcher(op, plan, fn_name, tensor_args, attrs)
     if plan.layout == "rows":
@@ -256,6 +263,35 @@ def _chain_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: 
     final = [o.name for o in plan.kernels[-1].outputs]
     why = "".join(f"    # {line}\n" for w in plan.why for line in textwrap.wrap(w, 112))
     parts.append(f"def {fn_name}({sig}):\n{why}" + "\n".join(calls) +
+                 f"\n    return ({''.join(n + ', ' for n in final).rstrip()})\n")
+    return "\n\n".join(parts)
+
+
+def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    """One launcher per stage, then the pass: views taken with torch, GEMM and glue stages in order, each
+    reading the pass's inputs and what the stages before it produced."""
+    parts, calls, have = [], [], list(tensor_args)
+    for step in plan.steps:
+        if isinstance(step, HostView):  # a view: no copy, the kernels read it through its strides
+            calls.append(f"    {step.target} = {step.args[0]}.{VIEW_METHODS[step.op]}({', '.join(step.args[1:])})")
+            have.append(step.target)
+            continue
+        sub = f"_{op}_{step.name if isinstance(step, GemmStage) else step.plan.name}"
+        if isinstance(step, GemmStage):
+            parts.append(emit_gemm_launcher(op, step, sub, have, attrs))
+            outs = ([step.node] if step.store_product else []) + (
+                [o.name for o in step.epilogue.outputs] if step.epilogue else [])
+        else:
+            parts.append(_launcher_source(op, step.plan, step.plan.dims, sub, have, attrs))
+            outs = step.outputs
+        call_args = ", ".join(have + attrs + ["deterministic=deterministic"])
+        calls.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {sub}({call_args})")
+        have = have + [o for o in outs if o not in have]
+    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
+                    ["deterministic: bool = False"])
+    views = {s.target for s in plan.steps if isinstance(s, HostView)}
+    final = [f"{r}.contiguous()" if r in views else r for r in plan.results]
+    parts.append(f"def {fn_name}({sig}):\n" + "\n".join(calls) +
                  f"\n    return ({''.join(n + ', ' for n in final).rstrip()})\n")
     return "\n\n".join(parts)
 
@@ -409,6 +445,7 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
                                  defaults=", ".join(f'"{k}": {k}' for k in knobs)))
     parts.append(helpers(set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else []), ordered))
     parts.append(COLUMN_SUMS if any(p.column_sums for p in plans) else "")
+    parts.append("\n\n" + GEMM_KNOBS if any(p.layout == "staged" for p in plans) else "")
     parts.append(ROWS_VIEW if leading else "")
     parts.append('''
 

@@ -186,10 +186,18 @@ def check_output(oname: str, node) -> None:
 
 
 def unsupported_ops(graph: torch.fx.Graph) -> list[str]:
+    """Ops of `graph` no planner lowers. Matrix products, and the views around them that the staged planner
+    takes as strides, count as lowered where the graph has a product (codegen/gemm.py); a view it cannot take
+    so is refused by name when its glue is planned."""
+    from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS
+
+    staged = PRODUCTS | HOST_VIEWS if any(
+        n.op == "call_function" and op_name(n.target) in PRODUCTS for n in graph.nodes) else set()
     names = []
     for n in graph.nodes:
-        if n.op == "call_function" and op_name(n.target) not in OP_TABLE and op_name(n.target) not in names:
-            names.append(op_name(n.target))
+        name = op_name(n.target) if n.op == "call_function" else None
+        if name and name not in OP_TABLE and name not in staged and name not in names:
+            names.append(name)
     return names
 
 

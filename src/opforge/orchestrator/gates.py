@@ -82,7 +82,8 @@ def _mentions(tree: ast.Module, words: tuple[str, ...]) -> list[str]:
 ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library",
                  "is_grad_enabled", "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16",
                  "int32", "int64", "bool", "dtype", "Generator", "get_device_module"}
-ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr",
+ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr", "t", "transpose",
+                   "permute",  # views: a GEMM kernel reads its operands through their strides
                    "is_contiguous", "new_empty", "expand", "unsqueeze", "squeeze", "flatten", "storage_offset",
                    "get", "register_fake", "register_autograd", "save_for_backward", "is_available",
                    "element_size", "untyped_storage"}

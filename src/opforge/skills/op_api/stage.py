@@ -11,6 +11,7 @@ from collections import Counter
 
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
+from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.trace import trace_request
@@ -35,9 +36,14 @@ def _op_rows(traced) -> list[dict]:
     rows = []
     for op in sorted(set(fwd) | set(bwd)):
         rule = OP_TABLE.get(op)
-        rows.append({"op": op, "forward": fwd.get(op, 0), "joint": bwd.get(op, 0),
-                     "kind": rule.kind if rule else "unsupported", "triton": rule.primitive if rule else "—",
-                     "exact": rule.exact if rule else None})
+        if rule is None and op in PRODUCTS:
+            kind, triton, exact = "product", "tl.dot (a GEMM stage)", False
+        elif rule is None and op in HOST_VIEWS:
+            kind, triton, exact = "view", "strides (taken by the launcher)", True
+        else:
+            kind, triton, exact = (rule.kind, rule.primitive, rule.exact) if rule else ("unsupported", "—", None)
+        rows.append({"op": op, "forward": fwd.get(op, 0), "joint": bwd.get(op, 0), "kind": kind, "triton": triton,
+                     "exact": exact})
     return rows
 
 
@@ -70,7 +76,36 @@ def _chain_bytes(plan, gm, req, binding, eb: int) -> int:
     return total
 
 
+def _staged_bytes(plan, gm, req, binding, eb: int) -> int:
+    """What a pass of GEMM and glue stages moves: each stage reads its inputs and writes its outputs, values
+    handed between stages as float32, the pass's inputs and outputs in their own dtypes."""
+    subs = graph_binding(gm, req, binding)
+    views = {s.target: s for s in plan.steps if hasattr(s, "op")}
+    total = 0
+    for name, _ in plan.moves():
+        base = name
+        while base in views:  # a view moves the bytes of what it views
+            base = views[base].args[0]
+        size = (_input_bytes(req, base, eb) if base in plan.input_names else eb if name in plan.results else 4)
+        total += shape_numel(plan.shapes[name], subs) * size
+    return total
+
+
+def _flops(plan, gm, req, binding, n_elem: int) -> int:
+    """Floating-point operations of one pass: 2·M·N·K a product, one a pointwise op and element."""
+    if plan.layout != "staged":
+        return len(plan.body + plan.epilogue) * n_elem
+    subs = graph_binding(gm, req, binding)
+    total = 0
+    for st in plan.gemms:
+        n = shape_numel(st.shape, subs)
+        total += 2 * n * shape_numel([st.k], subs) + (len(st.epilogue.body) * n if st.epilogue else 0)
+    return total + sum(len(p.body + p.epilogue) * n_elem for p in plan.glue)
+
+
 def _bytes(plan, gm, req, binding, wanted, n_inputs, eb) -> int:
+    if plan.layout == "staged":
+        return _staged_bytes(plan, gm, req, binding, eb)
     if plan.chained:
         return _chain_bytes(plan, gm, req, binding, eb)
     return _pass_bytes(gm, req, binding, wanted, n_inputs, eb)
@@ -93,7 +128,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                                                      n_in, eb),
                                "eager_kernels": f_eager["kernels"], "eager_bytes": f_eager["bytes"],
                                "eager_ops": f_eager["ops"],
-                               "flops": len(build.forward.body + build.forward.epilogue) * n_elem}}
+                               "flops": _flops(build.forward, traced.forward, req, binding, n_elem)}}
             if build.backward:
                 b_eager = eager.get("backward", {"kernels": 0, "bytes": 0, "ops": []})
                 grads = list(range(n_out, n_out + len(traced.grad_inputs)))
@@ -101,7 +136,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                     **_launches(build.backward, traced.joint, req, binding),
                     "fused_bytes": _bytes(build.backward, traced.joint, req, binding, grads, n_in + n_out, eb),
                     "eager_kernels": b_eager["kernels"], "eager_bytes": b_eager["bytes"], "eager_ops": b_eager["ops"],
-                    "flops": len(build.backward.body + build.backward.epilogue) * n_elem}
+                    "flops": _flops(build.backward, traced.joint, req, binding, n_elem)}
             for p in ("forward", "backward"):
                 if p in row:
                     row[p]["arithmetic_intensity"] = round(row[p]["flops"] / max(1, row[p]["fused_bytes"]), 3)

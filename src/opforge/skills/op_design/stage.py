@@ -7,6 +7,7 @@ import json
 
 from opforge.codegen.build import kernels_of, plan_request
 from opforge.codegen.eager_dispatch import eager_cost
+from opforge.codegen.gemm import GemmStage
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.rows import RowPlan
 from opforge.request import Request
@@ -15,7 +16,9 @@ from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 
-def plan_summary(plan: KernelPlan | RowPlan) -> dict:
+def plan_summary(plan: KernelPlan | RowPlan | GemmStage) -> dict:
+    if isinstance(plan, GemmStage):
+        return _gemm_summary(plan)
     if plan.layout == "rows":
         return _row_summary(plan)
     return {
@@ -29,6 +32,25 @@ def plan_summary(plan: KernelPlan | RowPlan) -> dict:
         "reductions": [{"name": r.name, "kind": r.kind, "of": r.source} for r in plan.reductions],
         "epilogue_statements": len(plan.epilogue),
         "runtime_attributes": plan.attrs,
+    }
+
+
+def _gemm_summary(st: GemmStage) -> dict:
+    ep = st.epilogue
+    writes = ([st.node] if st.store_product else []) + ([o.name for o in ep.outputs] if ep else [])
+    return {
+        "kernel": st.name,
+        "layout": "gemm",
+        "product": f"{st.node} = {st.a} · {st.b}" + (f" ({st.beta:g}·{st.bias} + {st.alpha:g}·product)"
+                                                      if st.bias else ""),
+        "batched": st.batched,
+        "reads": [{"name": n, "operand": "operand"} for n in (st.a, st.b)]
+        + [{"name": n, "operand": "broadcast"} for n in ([st.bias] if st.bias else []) + st.loads]
+        + [{"name": n, "operand": "scalar"} for n in st.scalars],
+        "writes": [{"name": n, "operand": "full", "when": "every program, tile by tile"} for n in writes],
+        "statements": len(ep.body) if ep else 0,
+        "epilogue_fused": ep is not None,
+        "runtime_attributes": ep.attrs if ep else [],
     }
 
 
@@ -64,9 +86,18 @@ def _kernel_md(plan) -> list[str]:
     s = plan_summary(plan)
     reads = ", ".join(f"{r['name']} ({_OPERAND.get(r['operand'], r['operand'])})" for r in s["reads"])
     writes = ", ".join(f"{w['name']} ({w['operand']}, {w['when']})" for w in s["writes"])
-    lines = [f"### {plan.name} kernel ({s['layout']})", "", f"- reads {reads}, each once;",
+    lines = [f"### {s['kernel']} kernel ({s['layout']})", "", f"- reads {reads}, each once;",
              f"- writes {writes}, each once;",
              f"- {s['statements']} fused statements;"]
+    if s["layout"] == "gemm":
+        lines.insert(2, f"- {'batched ' if s['batched'] else ''}product {s['product']}: BLOCK_M × BLOCK_N tiles, "
+                        "K walked in BLOCK_K steps into a float32 accumulator (tl.dot), programs grouped by "
+                        "GROUP_M tile rows; operands read through their strides (transposes are views);")
+        if s["epilogue_fused"]:
+            lines.append("- the pointwise work after the product runs on the tile in registers (epilogue): the "
+                         "product is never written;")
+        lines.append("")
+        return lines
     if s["layout"] == "rows":
         it = s["iteration"]
         lines.insert(2, f"- iteration space: {it['rows']} rows × {it['cols']} columns; a program owns BLOCK_R rows;")
@@ -105,6 +136,10 @@ def _kernel_md(plan) -> list[str]:
 
 
 def _tiling(plan) -> dict:
+    if plan.layout == "staged":
+        return {"layout": "staged", "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8,
+                                             "num_warps": 8, "num_stages": 3},
+                "grid": "(cdiv(M, BLOCK_M) · cdiv(N, BLOCK_N), batch)"}
     if plan.layout == "rows":
         return {"layout": "rows", "grid": "cdiv(n_rows, BLOCK_R)", "BLOCK_C": "min(next_pow2(n_cols), 65536)",
                 "BLOCK_R": "max(1, TILE // BLOCK_C)", "TILE": 4096, "num_warps": 4}
@@ -173,7 +208,20 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
         lines += _saved_md(build, binding)
         design["saved_statistics"] = _saved_json(build)
     lines += ["## Tiling and loops", ""]
-    if design["tiling"]["layout"] == "rows":
+    if design["tiling"]["layout"] == "staged":
+        lines += ["- The pass runs in stages: each matrix product is a GEMM kernel, the work between products a "
+                  "flat or row kernel as above; values handed between stages are float32 buffers, except a "
+                  "product that is itself an output.",
+                  "- GEMM: a 2-D grid of (cdiv(M, 128) · cdiv(N, 128), batch) programs, BLOCK_K = 32, 8 warps, a "
+                  "3-deep software pipeline over K; every load masked, so any M, N, K work. 16-bit operands "
+                  "multiply on the tensor cores in their dtype; a float32 operand in tf32 (16-bit operators) or "
+                  "IEEE float32 (float32 operators).", "",
+                  "## Memory layout", "",
+                  "- Operands and outputs are read and written through their (batch, row, column) strides: the "
+                  "transposes, permutes and reshapes around a product are torch views taken by the launcher, and "
+                  "a bias or residual broadcast to the product's shape has stride 0 where it repeats.",
+                  "- Offsets are int64. Accumulators are float32 whatever the dtype.", ""]
+    elif design["tiling"]["layout"] == "rows":
         lines += ["- 1-D grid of `cdiv(n_rows, BLOCK_R)` programs. A chunk is BLOCK_R × BLOCK_C elements: "
                   "BLOCK_C = next_pow2(n_cols) up to 65536 columns, BLOCK_R fills 4096 elements, so short rows "
                   "are processed many at a time. The interpreter runs these sizes too; the tests give it larger "

@@ -283,7 +283,7 @@ def _md_compiled(c: dict | None) -> list[str]:
     lines += [f"The compiler's figures at each P0 shape in {c['dtype']}; nothing ran. Occupancy is theoretical "
               "(resident warps per SM); waves below 1 leave resident slots empty, and fewer programs than SMs leave "
               "whole SMs idle.", "",
-              f"| shape | pass | kernel | {FIGURE_COLUMNS} |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              f"| shape | pass | kernel | {FIGURE_COLUMNS} |", "|" + "---|" * (FIGURE_COLUMNS.count("|") + 4)]
     for k in c["kernels"]:
         head = f"| {shape_label(k['binding'])} | {k['pass']} | {k['kernel']} |"
         if "error" in k:

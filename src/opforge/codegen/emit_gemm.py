@@ -1,0 +1,157 @@
+"""Triton source for the GEMM stages of a staged pass (codegen/gemm.py): the kernel and its launcher.
+
+The kernel is the classic tiled product: each program owns a BLOCK_M × BLOCK_N tile of C, walks K in BLOCK_K
+steps, accumulates in float32 with `tl.dot`, and masks every load, so any M, N, K work. Programs are numbered
+in groups of GROUP_M tile rows, so that the tiles running together share their B columns in L2. Operands and
+outputs are read through their strides (batch, rows, columns), which is how the launcher's transposes and
+broadcasts reach the kernel without a copy. After the K loop the tile is still in registers: addmm's bias is
+added there, and a fused epilogue (the flat planner's statements) runs on it before the one store.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from opforge.codegen.gemm import GemmStage
+
+GEMM_KNOBS = """\
+# GEMM stages: tile sizes, programs grouped by GROUP_M tile rows, warps and pipeline depth of the K loop.
+GEMM_BLOCK_M = 128
+GEMM_BLOCK_N = 128
+GEMM_BLOCK_K = 32
+GEMM_GROUP_M = 8
+GEMM_NUM_WARPS = 8
+GEMM_NUM_STAGES = 3
+_DOT_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@triton.jit
+def _dot_operand(x, DOT_DTYPE: tl.constexpr):
+    # the operand rounded to the product's dtype; the interpreter holds bfloat16 as bits, so there the
+    # product takes the float32 values of those bits
+    x = _to_dtype(_to_f32(x), DOT_DTYPE)
+    if BF16_ON_BITS:
+        x = _to_f32(x)
+    return x
+
+
+def _gemm_launch() -> dict:
+    return {} if INTERPRET else {"num_warps": GEMM_NUM_WARPS, "num_stages": GEMM_NUM_STAGES,
+                                 "enable_fp_fusion": False}
+"""
+
+
+def gemm_kernel_name(op: str, st: GemmStage) -> str:
+    return f"_{op}_{st.name}_kernel"
+
+
+def _outputs(st: GemmStage) -> list[tuple[str, str]]:
+    """(name, value in the kernel) of what the stage stores."""
+    outs = [(st.node, "c")] if st.store_product else []
+    if st.epilogue is not None:
+        outs += [(o.name, o.value if o.block else f"{o.value} + tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+                 for o in st.epilogue.outputs]
+    return outs
+
+
+def _tile(name: str) -> str:
+    return f"{name}_ptr + bid * {name}_sb + rm[:, None] * {name}_sm + rn[None, :] * {name}_sn"
+
+
+def emit_gemm_kernel(op: str, st: GemmStage) -> str:
+    outs = _outputs(st)
+    tiles = ([st.bias] if st.bias else []) + st.loads + [n for n, _ in outs]
+    params = ["a_ptr", "b_ptr"] + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"]
+    params += ["a_sb", "a_sm", "a_sk", "b_sb", "b_sk", "b_sn"]
+    params += [f"{n}_{s}" for n in tiles for s in ("sb", "sm", "sn")]
+    params += (st.epilogue.attrs if st.epilogue else [])
+    params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
+               "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
+    what = "C = A·B" + ("" if not st.bias else " + bias" if st.alpha == st.beta == 1 else
+                          f", then {st.beta:g}·bias + {st.alpha:g}·C")
+    what += ", then the epilogue on the tile" if st.epilogue else ""
+    lines = ["@triton.jit", f"def {gemm_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
+             f'    """{st.name}: {what}; stores {", ".join(n for n, _ in outs)}."""']
+    b = lines.append
+    b("    pid, bid = tl.program_id(0), tl.program_id(1).to(tl.int64)  # tile, batch")
+    b("    # grouped order: GROUP_M consecutive tile rows run together and share B's columns in L2")
+    b("    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)")
+    b("    group = pid // (GROUP_M * tiles_n)")
+    b("    rows = min(tiles_m - group * GROUP_M, GROUP_M)")
+    b("    pid_m = group * GROUP_M + (pid % (GROUP_M * tiles_n)) % rows")
+    b("    pid_n = (pid % (GROUP_M * tiles_n)) // rows")
+    b("    # int64 row and column indices: strides times indices must not wrap past 2**31")
+    b("    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)")
+    b("    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)")
+    b("    rk = tl.arange(0, BLOCK_K)")
+    b("    accumulator = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+    b("    for k in range(0, K, BLOCK_K):")
+    b("        kk = k + rk  # the last step runs past K: masked to zeros, which add nothing")
+    b("        a = tl.load(a_ptr + bid * a_sb + rm[:, None] * a_sm + kk[None, :] * a_sk,")
+    b("                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)")
+    b("        b = tl.load(b_ptr + bid * b_sb + kk[:, None] * b_sk + rn[None, :] * b_sn,")
+    b("                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)")
+    b("        accumulator = tl.dot(_dot_operand(a, DOT_DTYPE), _dot_operand(b, DOT_DTYPE), accumulator,")
+    b("                             input_precision=PRECISION)")
+    b("    mask = (rm[:, None] < M) & (rn[None, :] < N)")
+    if st.bias:
+        bias = f"_to_f32(tl.load({_tile(st.bias)}, mask=mask, other=0.0))"
+        alpha = "accumulator" if st.alpha == 1 else f"accumulator * {st.alpha!r}"
+        beta = bias if st.beta == 1 else f"{bias} * {st.beta!r}"
+        b(f"    c = {beta} + {alpha}")
+    else:
+        b("    c = accumulator" if st.alpha == 1 else f"    c = accumulator * {st.alpha!r}")
+    if st.epilogue is not None:
+        b(f"    {st.acc_input} = c")
+        for n in st.loads:
+            b(f"    {n} = _to_f32(tl.load({_tile(n)}, mask=mask, other=0.0))")
+        for n in st.scalars:
+            b(f"    {n} = _to_f32(tl.load({n}_ptr))  # one value for the whole tensor")
+        for s in st.epilogue.body:
+            b(f"    {s.target} = {s.expr}  # {s.comment}")
+    for name, value in outs:
+        b(f"    tl.store({_tile(name)}, _to_dtype({value}, {name}_ptr.dtype.element_ty), mask=mask)")
+    return "\n".join(lines) + "\n"
+
+
+def _strides3(t: str, batched: bool) -> str:
+    """(batch, row, column) strides of a 2-D or 3-D tensor; a 2-D one has batch stride 0."""
+    return f"*{t}.stride()" if batched else f"0, *{t}.stride()"
+
+
+def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    """Allocates the stage's outputs and launches one program per tile (and batch)."""
+    outs = _outputs(st)
+    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
+                    ["deterministic: bool = False"])
+    lines = [f"def {fn_name}({sig}):"]
+    b = lines.append
+    a, bb = st.a, st.b
+    b(f"    batch = {a}.shape[0] if {a}.dim() == 3 else 1")
+    b(f"    M, K, N = {a}.shape[-2], {a}.shape[-1], {bb}.shape[-1]")
+    b(f"    if {bb}.shape[-2] != K or {bb}.dim() != {a}.dim():")
+    b(f"        raise ValueError(f\"{st.node}: cannot multiply {{tuple({a}.shape)}} by {{tuple({bb}.shape)}}\")")
+    b(f"    shape = ({a}.shape[0], M, N) if {a}.dim() == 3 else (M, N)")
+    for name, _ in outs:
+        like = st.like if name == st.node else next(o.like for o in st.epilogue.outputs if o.name == name)
+        dtype = f"{like}.dtype" if like else "torch.float32"
+        b(f"    {name} = torch.empty(shape, device={a}.device, dtype={dtype})")
+    for t in ([st.bias] if st.bias else []) + st.loads:  # broadcast to the product's shape: stride 0
+        b(f"    {t}_v = {t}.expand(shape)")
+    # 16-bit operands multiply on the tensor cores in their dtype; a float32 operand (a buffer between stages)
+    # keeps float32: tf32 when the operator is 16-bit, IEEE float32 when it is float32 (its tolerance)
+    b(f"    dot = _DOT_DTYPE[{a}.dtype] if {a}.dtype == {bb}.dtype else tl.float32")
+    b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
+    b("    grid = (triton.cdiv(M, GEMM_BLOCK_M) * triton.cdiv(N, GEMM_BLOCK_N), batch)")
+    views = {t: f"{t}_v" for t in ([st.bias] if st.bias else []) + st.loads}
+    tiles = ([st.bias] if st.bias else []) + st.loads + [n for n, _ in outs]
+    args = [a, bb] + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
+    args += [_strides3(a, st.batched), _strides3(bb, st.batched)]
+    args += [_strides3(views.get(t, t), st.batched) for t in tiles]
+    args += (st.epilogue.attrs if st.epilogue else [])
+    b(f"    {gemm_kernel_name(op, st)}[grid](")
+    lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
+    b("        BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, GROUP_M=GEMM_GROUP_M, DOT_DTYPE=dot,")
+    b("        PRECISION=precision, **_gemm_launch())")
+    b(f"    return {', '.join(n for n, _ in outs)}{',' if len(outs) == 1 else ''}")
+    return "\n".join(lines) + "\n"

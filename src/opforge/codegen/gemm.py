@@ -1,0 +1,351 @@
+"""Passes with matrix products: the graph is cut at each `mm`, `addmm` and `bmm` into stages run in order.
+
+A product is a tiled GEMM kernel (codegen/emit_gemm.py) that reads its operands through their strides, so the
+transposes and reshapes around it (`t`, `transpose`, `permute`, `view`, `expand`, `detach`) are taken by the
+launcher as torch views, never copied. The pointwise and reduction work between products is planned by the
+existing planners (flat, row, chain) as glue stages; a glue stage that is pointwise and reads a product at the
+product's own shape runs inside that product's kernel instead, on the tile still in registers (the epilogue),
+so the product is never written to memory. Values handed between stages are float32 buffers, except where a
+product is itself an output of the pass.
+
+Stages follow the depth of products: glue that needs no product, then the products of depth 1 (operands from
+inputs and that glue), then the glue that reads them, then the products of depth 2, and so on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from opforge.codegen.ops import OP_TABLE, REDUCTION, SYMBOLIC, op_name
+from opforge.codegen.plan import KernelPlan, OutArg, Unsupported
+from opforge.codegen.symbolic import SYM_OPS
+
+PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
+# views the launcher takes with torch when they lead only to products, outputs and other such views
+HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
+              "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.detach.default",
+              "aten.alias.default"}
+IDENTITY_VIEWS = {"aten.detach.default", "aten.alias.default"}
+# the Tensor method the launcher takes each view with (an _unsafe_view follows a copy: reshape)
+VIEW_METHODS = {"aten.t.default": "t", "aten.transpose.int": "transpose", "aten.permute.default": "permute",
+                "aten.view.default": "view", "aten._unsafe_view.default": "reshape", "aten.reshape.default": "reshape",
+                "aten.expand.default": "expand"}
+
+
+def has_products(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and op_name(n.target) in PRODUCTS for n in gm.graph.nodes)
+
+
+@dataclass
+class GemmStage:
+    """One product C = A·B (batched for bmm), addmm's beta·bias + alpha·C, then an optional pointwise epilogue."""
+
+    name: str  # names the kernel: _{op}_{name}_kernel
+    node: str  # the product's value in the pass
+    a: str
+    b: str
+    bias: str | None
+    alpha: float
+    beta: float
+    batched: bool
+    shape: list  # the product's shape (symbolic)
+    k: object  # the reduced extent K (symbolic)
+    store_product: bool  # the product itself is read after this stage
+    like: str | None  # input whose dtype a stored product takes (None: a float32 buffer)
+    epilogue: KernelPlan | None = None
+    acc_input: str | None = None  # the epilogue's input that is the product
+    loads: list[str] = field(default_factory=list)  # the epilogue's other inputs, at the product's shape
+    scalars: list[str] = field(default_factory=list)  # the epilogue's one-value inputs
+
+
+@dataclass
+class GlueStage:
+    plan: object  # a flat, row or chain plan of the existing planners
+    inputs: list[str]
+    outputs: list[str]
+
+
+@dataclass
+class HostView:
+    target: str
+    op: str  # ATen overload, e.g. aten.t.default
+    args: tuple  # values by name, sizes as fx nodes or ints
+
+
+@dataclass
+class StagedPlan:
+    """A pass of GEMM and glue stages; `steps` in launch order (GemmStage, GlueStage or HostView)."""
+
+    name: str
+    steps: list
+    results: list[str]  # the values the pass returns, in order
+    input_names: list[str]
+    outputs: list  # OutArg of each, for the op's fake and signature
+    shapes: dict = field(default_factory=dict)  # every value the stages hand over -> its shape (symbolic)
+    layout: str = "staged"
+    chained: bool = False
+    why: list = field(default_factory=list)
+    dims: dict = field(default_factory=dict)
+
+    @property
+    def glue(self) -> list:
+        return [s.plan for s in self.steps if isinstance(s, GlueStage)]
+
+    @property
+    def gemms(self) -> list:
+        return [s for s in self.steps if isinstance(s, GemmStage)]
+
+    @property
+    def kernels(self) -> list:
+        return self.gemms + [k for p in self.glue for k in p.kernels]
+
+    @property
+    def walks(self) -> int:
+        return sum(p.walks for p in self.glue)
+
+    def moves(self) -> list[tuple[str, str]]:
+        """(value, "read" or "write") of every stage, in order: what the stages move through memory, a GEMM
+        reading each operand once (its tiles' re-reads are the cache's), the glue its own inputs and outputs."""
+        out = []
+        for s in self.steps:
+            if isinstance(s, GemmStage):
+                out += [(v, "read") for v in [s.a, s.b] + ([s.bias] if s.bias else []) + s.loads + s.scalars]
+                out += [(s.node, "write")] if s.store_product else []
+                out += [(o.name, "write") for o in s.epilogue.outputs] if s.epilogue else []
+            elif isinstance(s, GlueStage):
+                out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
+        return out
+
+    @property
+    def reduce_kinds(self) -> list[str]:
+        return sorted({k for p in self.glue for k in p.reduce_kinds})
+
+    @property
+    def reduces_across_programs(self) -> bool:
+        return any(p.reduces_across_programs for p in self.glue)
+
+    @property
+    def meets_at_ticket(self) -> bool:
+        return any(p.meets_at_ticket for p in self.glue)
+
+    @property
+    def column_sums(self) -> bool:
+        return any(p.column_sums for p in self.glue)
+
+    @property
+    def splits_rows(self) -> bool:
+        return any(p.splits_rows for p in self.glue)
+
+
+def _host_views(gm) -> set:
+    """Views that lead only to products, the output and other such views: the launcher takes them."""
+    host: set = set()
+    for n in reversed(list(gm.graph.nodes)):
+        if n.op != "call_function" or op_name(n.target) not in HOST_VIEWS:
+            continue
+        if all(u.op == "output" or (u.op == "call_function" and op_name(u.target) in PRODUCTS) or u in host
+               for u in n.users):
+            host.add(n)
+    return host
+
+
+def _depths(gm) -> dict:
+    """Products on the longest path to each value: the stage that can compute it."""
+    depth: dict = {}
+    for n in gm.graph.nodes:
+        d = max((depth[a] for a in n.all_input_nodes), default=0)
+        depth[n] = d + 1 if n.op == "call_function" and op_name(n.target) in PRODUCTS else d
+    return depth
+
+
+def _subgraph(nodes: list, inputs: list, outputs: list, names: dict) -> torch.fx.GraphModule:
+    """The nodes as a graph of their own: `inputs` become placeholders (named as in the pass), `outputs` its
+    output tuple."""
+    g = torch.fx.Graph()
+    env: dict = {}
+    by_name: dict = {}  # a value and its detached alias are one input
+    for n in inputs:
+        if names[n] not in by_name:
+            by_name[names[n]] = g.placeholder(names[n])
+            by_name[names[n]].meta = dict(n.meta)
+        env[n] = by_name[names[n]]
+    for n in nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[n] for n in outputs))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def _symbolic(n) -> bool:
+    """Arithmetic on sizes (sym_size, sym_numel, Python operators on them): recomputed where it is read."""
+    if n.op != "call_function":
+        return False
+    rule = OP_TABLE.get(op_name(n.target))
+    return (rule is not None and rule.kind == SYMBOLIC) or n.target in SYM_OPS
+
+
+def _closure(nodes: list) -> list:
+    """`nodes` with the size arithmetic they read, in graph order."""
+    keep, stack = set(nodes), list(nodes)
+    while stack:
+        for a in stack.pop().all_input_nodes:
+            if _symbolic(a) and a not in keep:
+                keep.add(a)
+                stack.append(a)
+    order = {n: i for i, n in enumerate(nodes[0].graph.nodes)} if nodes else {}
+    return sorted(keep, key=order.get)
+
+
+def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], outputs: list[tuple[str, int]],
+                like: dict, plan_glue) -> StagedPlan:
+    """`plan_glue(name, gm, input_names, outputs, like)` plans a glue subgraph (build.plan_pass)."""
+    graph = gm.graph
+    placeholders = graph.find_nodes(op="placeholder")
+    out_node = graph.find_nodes(op="output")[0]
+    results = [out_node.args[0][i] for _, i in outputs]
+    names = {p: n for p, n in zip(placeholders, input_names)}
+    for n in graph.nodes:
+        names.setdefault(n, n.name)
+    host = _host_views(gm)
+    for n in graph.nodes:  # detach and alias are the value itself
+        if n in host and op_name(n.target) in IDENTITY_VIEWS:
+            names[n] = names[n.args[0]]
+    result_like: dict = {}  # an output's dtype is taken by the value under its views
+    for (oname, _), node in zip(outputs, results):
+        while node in host:
+            node = node.args[0]
+        result_like.setdefault(node, like.get(oname))
+    depth = _depths(gm)
+    needed: set = set()
+    stack = list(results)
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack += list(n.all_input_nodes)
+    compute = [n for n in graph.nodes if n in needed and n.op == "call_function" and n not in host
+               and op_name(n.target) not in PRODUCTS and not _symbolic(n)]
+    products = [n for n in graph.nodes if n in needed and n.op == "call_function" and op_name(n.target) in PRODUCTS]
+    steps: list = []
+    done: set = set(placeholders)
+    count = iter(range(len(graph.nodes)))  # names the kernels: {name}_0, {name}_1, ...
+
+    def need(v):  # a host view (and the views under it), taken just before the stage that reads it
+        if v in done or _symbolic(v):
+            return
+        if v not in host:
+            raise Unsupported([op_name(v.target)], f"{v.name} is read before the stage that computes it")
+        for a in v.all_input_nodes:
+            need(a)
+        done.add(v)
+        if op_name(v.target) in IDENTITY_VIEWS:
+            return
+        steps.append(HostView(names[v], op_name(v.target), tuple(_host_arg(a, names) for a in v.args)))
+        done.add(v)
+
+    for d in range(max(depth.values(), default=0) + 1):
+        prods = [p for p in products if depth[p] == d]
+        glue_nodes = [n for n in compute if depth[n] == d]
+        members = set(glue_nodes)
+        g_inputs: list = []
+        for n in _closure(glue_nodes):
+            for a in n.all_input_nodes:
+                if a not in members and not _symbolic(a) and a not in g_inputs:
+                    g_inputs.append(a)
+        g_outputs = [n for n in glue_nodes if n in results or any(u not in members for u in n.users)]
+        fused = _fusable(prods, glue_nodes, g_inputs, g_outputs, results, members)
+        for p in prods:
+            for a in p.args[:3]:
+                if isinstance(a, torch.fx.Node):
+                    need(a)
+        for p in prods:
+            if p is not fused:
+                steps.append(_gemm(f"{name}_{next(count)}", p, names, result_like))
+                done.add(p)
+        plan = None
+        if glue_nodes:
+            sub = _subgraph(_closure(glue_nodes), g_inputs, g_outputs, names)
+            plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
+                             [(names[n], i) for i, n in enumerate(g_outputs)],
+                             {names[n]: result_like.get(n) for n in g_outputs})
+        if fused is not None and not (isinstance(plan, KernelPlan) and not plan.reductions):
+            steps.append(_gemm(f"{name}_{next(count)}", fused, names, result_like))  # stored, then the glue
+            done.add(fused)
+            fused = None
+        if plan is None:
+            continue
+        for a in g_inputs:
+            if a is not fused:
+                need(a)
+        if fused is not None:
+            stage = _gemm(plan.name, fused, names, result_like)  # the epilogue's kernel is the product's
+            full = {a.name for a in plan.inputs if a.full}
+            stage.store_product, stage.epilogue, stage.acc_input = False, plan, names[fused]
+            stage.loads = [names[a] for a in g_inputs if a is not fused and names[a] in full]
+            stage.scalars = [names[a] for a in g_inputs if a is not fused and names[a] not in full]
+            steps.append(stage)
+            done.add(fused)
+        else:
+            steps.append(GlueStage(plan, list(dict.fromkeys(names[a] for a in g_inputs)),
+                                   [names[n] for n in g_outputs]))
+        done.update(g_outputs)
+    for r in results:
+        need(r)
+    outs = [OutArg(oname, names[r], True, False, list(r.meta["val"].shape), like.get(oname), False, True)
+            for (oname, _), r in zip(outputs, results)]
+    shapes = {names[n]: list(n.meta["val"].shape) for n in graph.nodes
+              if isinstance(n.meta.get("val"), torch.Tensor)}
+    return StagedPlan(name, steps, [names[r] for r in results], list(input_names), outs, shapes)
+
+
+def _host_arg(a, names: dict):
+    """An argument of a view the launcher takes, as Python source: values by name, sizes read off them."""
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_host_arg(x, names) for x in a) + "]"
+    if not isinstance(a, torch.fx.Node):
+        return repr(a)
+    if not _symbolic(a):
+        return names[a]
+    op = op_name(a.target)
+    if op == "aten.sym_size.int":
+        return f"{_host_arg(a.args[0], names)}.size({a.args[1]})"
+    if op == "aten.sym_numel.default":
+        return f"{_host_arg(a.args[0], names)}.numel()"
+    if a.target in SYM_OPS:
+        return f"({_host_arg(a.args[0], names)} {SYM_OPS[a.target]} {_host_arg(a.args[1], names)})"
+    raise Unsupported([op], "a size computed in a way the launcher cannot read")
+
+
+def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
+    op = op_name(p.target)
+    if op == "aten.addmm.default":
+        bias, a, b = p.args[:3]
+        beta, alpha = p.kwargs.get("beta", 1), p.kwargs.get("alpha", 1)
+    else:
+        (a, b), bias, beta, alpha = p.args[:2], None, 0, 1
+    return GemmStage(name, names[p], names[a], names[b], names[bias] if bias is not None else None,
+                     float(alpha), float(beta), op == "aten.bmm.default", list(p.meta["val"].shape),
+                     a.meta["val"].shape[-1], store_product=True, like=result_like.get(p))
+
+
+def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, results: list, members: set):
+    """The product whose glue runs in its epilogue: the glue is pointwise (one flat kernel, no reductions),
+    reads this product at the product's own shape and every other full input at that shape too, and nothing
+    else reads the product. The last such product of the depth, so that the others are stored before it."""
+    if not glue_nodes or not prods:
+        return None
+    for p in reversed(prods):
+        if p not in g_inputs or p in results or any(u not in members for u in p.users):
+            continue
+        shape = tuple(p.meta["val"].shape)
+        fine = all(tuple(a.meta["val"].shape) in (shape, ()) or a.meta["val"].numel() == 1 for a in g_inputs)
+        outs_fine = all(tuple(n.meta["val"].shape) == shape for n in g_outputs)
+        if fine and outs_fine and not any(_reduces(n) for n in glue_nodes):
+            return p
+    return None
+
+
+def _reduces(n) -> bool:
+    rule = OP_TABLE.get(op_name(n.target))
+    return rule is None or rule.kind == REDUCTION or op_name(n.target) in HOST_VIEWS

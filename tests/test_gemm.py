@@ -1,0 +1,123 @@
+"""Matrix products: passes cut at each mm/addmm/bmm into GEMM and glue stages (codegen/gemm.py), the GEMM
+kernels with their bias and fused epilogue (codegen/emit_gemm.py), forward and backward against float64.
+Shapes are small and not multiples of the tiles; the kernels run at the block sizes they ship with."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from opforge.codegen.build import generate_impl, plan_request
+from opforge.codegen.gemm import GemmStage, GlueStage
+from opforge.request import load_request
+from opforge.verify.metrics import compare
+from opforge.verify.tolerance import tolerance_for
+from opforge.workspace import load_module
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: bool = True) -> Path:
+    d = tmp / name
+    d.mkdir()
+    doc = {"name": name, "description": f"{name} for the GEMM tests", "category": "matmul",
+           "inputs": {k: {"shape": v, "dtype": ["float32", "bfloat16"]} if i == 0 else
+                      {"shape": v, "dtype": "like " + next(iter(inputs))} for i, (k, v) in enumerate(inputs.items())},
+           "reference": "reference.py:forward", "backward": backward, "shapes": {"p0": [p0]}}
+    (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    args = ", ".join(inputs)
+    (d / "reference.py").write_text(f"import torch\nimport torch.nn.functional as F\n\n\ndef forward({args}):\n"
+                                    + textwrap.indent(body, "    ") + "\n")
+    return d
+
+
+def _impl(path: Path, tmp: Path):
+    req = load_request(path)
+    build = plan_request(req)
+    src = tmp / f"{req.name}_impl.py"
+    src.write_text(generate_impl(req, build))
+    return req, build, load_module(src, src.stem)
+
+
+def _check(req, impl, binding: dict, dtype, k: int):
+    gen = torch.Generator().manual_seed(7)
+    ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
+    got_in = [t.to(dtype).requires_grad_() for t in ins]
+    ref_in = [t.to(dtype).double().requires_grad_() for t in ins]
+    got = getattr(impl, req.name)(*got_in)
+    want = req.load_reference()(*ref_in)
+    g = torch.randn(want.shape, generator=gen, dtype=torch.float64).to(dtype).double()  # one upstream gradient
+    got_g = torch.autograd.grad(got, got_in, g.to(dtype))
+    want_g = torch.autograd.grad(want, ref_in, g)
+    for name, a, b in [("out", got, want)] + [(f"grad_{s.name}", x, y) for s, x, y in zip(req.inputs, got_g, want_g)]:
+        assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.shape)
+        base = tolerance_for(dtype, reduced_elems=k)
+        scale = float(b.detach().abs().max())
+        tol = type(base)(base.atol + 8 * torch.finfo(torch.float32).eps * scale * math.sqrt(k), base.rtol)
+        res = compare(a.detach(), b.detach(), tol, name=name)
+        assert res["passed"], f"{req.name} {dtype} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_gelu_fuses_bias_and_gelu_into_the_product_and_matches_float64(tmp_path, dtype):
+    req, build, impl = _impl(EXAMPLES / "linear_gelu", tmp_path)
+    fwd = build.forward
+    assert [type(s) for s in fwd.steps if not hasattr(s, "op")] == [GemmStage]  # one kernel: GELU in the epilogue
+    gemm = fwd.gemms[0]
+    assert gemm.bias == "bias" and gemm.epilogue is not None and not gemm.store_product
+    bwd = build.backward  # the product again, GELU's gradient with the bias's column sum, then dx and dweight
+    kinds = [type(s).__name__ for s in bwd.steps if isinstance(s, (GemmStage, GlueStage))]
+    assert kinds == ["GemmStage", "GlueStage", "GemmStage", "GemmStage"]
+    for binding in ({"N": 37, "K": 70, "M": 45}, {"N": 1, "K": 3, "M": 130}):
+        _check(req, impl, binding, dtype, binding["K"])
+
+
+def test_batched_products_with_a_scaled_residual_epilogue(tmp_path):
+    path = _request(tmp_path, "bmm_residual", {"a": ["B", "N", "K"], "b": ["B", "K", "M"], "r": ["B", "N", "M"]},
+                    "return torch.relu(torch.bmm(a, b) * 0.5 + r)", {"B": 3, "N": 64, "K": 32, "M": 48})
+    req, build, impl = _impl(path, tmp_path)
+    gemm = build.forward.gemms[0]
+    assert gemm.batched and gemm.loads == ["r"] and gemm.epilogue is not None
+    _check(req, impl, {"B": 3, "N": 19, "K": 33, "M": 21}, torch.float32, 33)
+
+
+def test_a_product_of_two_products_runs_them_in_order(tmp_path):
+    # a swiglu MLP: the gate and up products, then the down product of their SiLU-gated product
+    path = _request(tmp_path, "mlp", {"x": ["N", "H"], "w1": ["F", "H"], "w3": ["F", "H"], "w2": ["H", "F"]},
+                    "return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)",
+                    {"N": 16, "H": 32, "F": 64})
+    req, build, impl = _impl(path, tmp_path)
+    first = build.forward.gemms
+    assert len(first) == 3 and first[0].store_product and first[1].epilogue is not None  # gate stored, up fused
+    _check(req, impl, {"N": 13, "H": 24, "F": 40}, torch.float32, 40)
+
+
+def test_operands_of_the_wrong_size_are_refused_with_the_product_named(tmp_path):
+    _, _, impl = _impl(EXAMPLES / "linear_gelu", tmp_path)
+    with pytest.raises((ValueError, RuntimeError), match="cannot multiply|expected"):
+        impl.linear_gelu(torch.randn(4, 8), torch.randn(6, 9), torch.randn(6))
+
+
+def test_every_gemm_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "opforge", "bench", "compile", "--request", "examples/linear_gelu",
+                        "--elements", "0", "--json", "-"], capture_output=True, text=True, cwd=root, timeout=600,
+                       env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    builds = [b for op in json.loads(r.stdout)["ops"] for b in op["builds"]]
+    gemms = [b for b in builds if "BLOCK_K" in b["constexprs"]]
+    assert len(gemms) == 4  # the forward's product with its epilogue; the backward's recomputed one, dx, dweight
+    for b in builds:
+        assert b["spill_bytes"] == 0, b
+    for b in gemms:
+        assert b["wgmma"] > 0, b  # Hopper's warpgroup matrix instructions, not FMA loops
