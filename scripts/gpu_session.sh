@@ -3,7 +3,8 @@
 # that one slow step cannot eat the others' time:
 #   1. the machine: GPU, driver, torch, Triton (env.txt);
 #   2. every catalog kernel on the device against float64 (the CPU runs them only in Triton's interpreter),
-#      column sums over the device's SM count, and inputs with leading dimensions (catalog-float64.xml);
+#      column sums over the device's SM count, inputs with leading dimensions, and the GEMM stages' products
+#      with their epilogues, forward and backward (catalog-float64.xml);
 #   3. the catalog benchmark: fused kernels against eager and torch.compile, and the copy ceiling, in one run
 #      (scripts/bench_catalog.sh: <date>-<device>.md and .json, the .json rewritten after each operator);
 #   4. few long rows shared by several programs (ROW_SPLIT) against one program a row block (row-split.json).
@@ -31,7 +32,7 @@ step "catalog kernels against float64 on the GPU"
 workers=()
 "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)  # compiling the kernels dominates: spread it over cores
 OPFORGE_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout "${OPFORGE_CHECK_S:-240}" "$PY" -m pytest -q -p no:cacheprovider \
-  "${workers[@]}" tests/test_catalog.py -k "matches_float64 or leading_dimensions" \
+  "${workers[@]}" tests/test_catalog.py tests/test_gemm.py -k "matches_float64 or leading_dimensions or test_gemm" \
   --junitxml "$dir/catalog-float64.xml" -o junit_family=xunit2 || failed=1
 
 step "catalog benchmark"

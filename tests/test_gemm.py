@@ -5,6 +5,7 @@ Shapes are small and not multiples of the tiles; the kernels run at the block si
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from opforge.verify.tolerance import tolerance_for
 from opforge.workspace import load_module
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# the CPU (Triton's interpreter), or on a GPU machine the same checks on the device (scripts/gpu_session.sh)
+DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cpu")
 
 
 def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: bool = True) -> Path:
@@ -47,12 +50,13 @@ def _impl(path: Path, tmp: Path):
 def _check(req, impl, binding: dict, dtype, k: int):
     gen = torch.Generator().manual_seed(7)
     ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
-    got_in = [t.to(dtype).requires_grad_() for t in ins]
+    got_in = [t.to(dtype).to(DEVICE).requires_grad_() for t in ins]
     ref_in = [t.to(dtype).double().requires_grad_() for t in ins]
     got = getattr(impl, req.name)(*got_in)
     want = req.load_reference()(*ref_in)
     g = torch.randn(want.shape, generator=gen, dtype=torch.float64).to(dtype).double()  # one upstream gradient
-    got_g = torch.autograd.grad(got, got_in, g.to(dtype))
+    got_g = [t.cpu() for t in torch.autograd.grad(got, got_in, g.to(dtype).to(DEVICE))]
+    got = got.cpu()
     want_g = torch.autograd.grad(want, ref_in, g)
     for name, a, b in [("out", got, want)] + [(f"grad_{s.name}", x, y) for s, x, y in zip(req.inputs, got_g, want_g)]:
         assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.shape)
@@ -100,12 +104,11 @@ def test_a_product_of_two_products_runs_them_in_order(tmp_path):
 def test_operands_of_the_wrong_size_are_refused_with_the_product_named(tmp_path):
     _, _, impl = _impl(EXAMPLES / "linear_gelu", tmp_path)
     with pytest.raises((ValueError, RuntimeError), match="cannot multiply|expected"):
-        impl.linear_gelu(torch.randn(4, 8), torch.randn(6, 9), torch.randn(6))
+        impl.linear_gelu(*(torch.randn(*s, device=DEVICE) for s in ((4, 8), (6, 9), (6,))))
 
 
 def test_every_gemm_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills():
     import json
-    import os
     import subprocess
     import sys
 

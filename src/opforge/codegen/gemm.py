@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from opforge.codegen.ops import OP_TABLE, REDUCTION, SYMBOLIC, op_name
-from opforge.codegen.plan import KernelPlan, OutArg, Unsupported
+from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS
 
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
@@ -75,7 +75,7 @@ class HostView:
 
 
 @dataclass
-class StagedPlan:
+class StagedPlan(PlanOfParts):
     """A pass of GEMM and glue stages; `steps` in launch order (GemmStage, GlueStage or HostView)."""
 
     name: str
@@ -118,25 +118,8 @@ class StagedPlan:
                 out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
         return out
 
-    @property
-    def reduce_kinds(self) -> list[str]:
-        return sorted({k for p in self.glue for k in p.reduce_kinds})
-
-    @property
-    def reduces_across_programs(self) -> bool:
-        return any(p.reduces_across_programs for p in self.glue)
-
-    @property
-    def meets_at_ticket(self) -> bool:
-        return any(p.meets_at_ticket for p in self.glue)
-
-    @property
-    def column_sums(self) -> bool:
-        return any(p.column_sums for p in self.glue)
-
-    @property
-    def splits_rows(self) -> bool:
-        return any(p.splits_rows for p in self.glue)
+    def _parts(self) -> list:  # the GEMM stages reduce nothing across programs; the glue may
+        return self.glue
 
 
 def _host_views(gm) -> set:

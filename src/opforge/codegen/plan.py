@@ -44,6 +44,32 @@ class Unsupported(Exception):
         super().__init__(f"{why}: {', '.join(ops)}" if ops else why)
 
 
+class PlanOfParts:
+    """The PassPlan answers of a plan made of parts (`_parts`: its kernels or sub-plans): any part's."""
+
+    def _parts(self) -> list: ...
+
+    @property
+    def reduce_kinds(self) -> list[str]:
+        return sorted({x for p in self._parts() for x in p.reduce_kinds})
+
+    @property
+    def reduces_across_programs(self) -> bool:
+        return any(p.reduces_across_programs for p in self._parts())
+
+    @property
+    def meets_at_ticket(self) -> bool:
+        return any(p.meets_at_ticket for p in self._parts())
+
+    @property
+    def column_sums(self) -> bool:
+        return any(p.column_sums for p in self._parts())
+
+    @property
+    def splits_rows(self) -> bool:
+        return any(p.splits_rows for p in self._parts())
+
+
 @dataclass
 class Stmt:
     target: str

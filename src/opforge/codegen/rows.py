@@ -42,7 +42,7 @@ from opforge.codegen.ops import (
     op_name,
     upstream,
 )
-from opforge.codegen.plan import OutArg, Unsupported, check_output
+from opforge.codegen.plan import OutArg, PlanOfParts, Unsupported, check_output
 from opforge.codegen.symbolic import hint, product, pysrc, same, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
 
@@ -581,7 +581,7 @@ def _shift_info(node, key, info, env, combine) -> Info:
 
 
 @dataclass
-class ChainPlan:
+class ChainPlan(PlanOfParts):
     """Several row kernels for one pass: each earlier kernel finishes reductions a later one needs for every
     row, and hands them over in float32 buffers (`temps`)."""
 
@@ -628,25 +628,8 @@ class ChainPlan:
     def epilogue(self):
         return [n for k in self.kernels for n in k.epilogue]
 
-    @property
-    def reduce_kinds(self):
-        return sorted({x for k in self.kernels for x in k.reduce_kinds})
-
-    @property
-    def reduces_across_programs(self) -> bool:
-        return any(k.reduces_across_programs for k in self.kernels)
-
-    @property
-    def meets_at_ticket(self) -> bool:
-        return any(k.meets_at_ticket for k in self.kernels)
-
-    @property
-    def column_sums(self) -> bool:
-        return any(k.column_sums for k in self.kernels)
-
-    @property
-    def splits_rows(self) -> bool:
-        return any(k.splits_rows for k in self.kernels)
+    def _parts(self) -> list:
+        return self.kernels
 
 
 def _copy_graph(gm: torch.fx.GraphModule):
