@@ -158,6 +158,14 @@ def _inputs(req, binding, dtype, gen):
     return ins
 
 
+def reduction_tolerance(dtype, k: int, truth: torch.Tensor) -> Tolerance:
+    """The dtype's tolerance for an output that reduces k elements; a sum that cancels is only as accurate as
+    its terms, so atol also grows with float32 rounding of the largest, times √k."""
+    base = tolerance_for(dtype, reduced_elems=k)
+    scale = float(truth.detach().abs().max()) if truth.numel() else 0.0
+    return Tolerance(base.atol + 8 * torch.finfo(torch.float32).eps * scale * math.sqrt(k), base.rtol)
+
+
 def _k(kind, binding, req) -> int:
     big = max((req.input_shape(s, binding) for s in req.inputs), key=lambda sh: math.prod(sh))
     return {None: 1, "row": big[-1], "col": math.prod(big[:-1]), "all": math.prod(big)}[kind]
@@ -213,10 +221,7 @@ def test_catalog_op_matches_float64(built, name, dtype, mode, monkeypatch):
         names = [f"out{i}" for i in range(len(got))] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
         k = _k(kind, binding, req)
         for n, a, b in zip(names, list(got) + list(got_g), list(ref) + list(ref_g)):
-            base = tolerance_for(dtype, reduced_elems=k)
-            # a sum that cancels is only as accurate as its terms: float32 rounding of each, grown with √K
-            scale = float(b.detach().abs().max()) if b.numel() else 0.0
-            tol = Tolerance(base.atol + 8 * torch.finfo(torch.float32).eps * scale * math.sqrt(k), base.rtol)
+            tol = reduction_tolerance(dtype, k, b)
             assert a.dtype == dtype and a.shape == b.shape, (n, a.dtype, a.shape, b.shape)
             res = compare(a, b, tol, name=n)
             assert res["passed"], f"{name} {dtype} {binding} {n}: max_abs={res['max_abs']} worst={res['worst'][:2]}"

@@ -4,7 +4,6 @@ Shapes are small and not multiples of the tiles; the kernels run at the block si
 
 from __future__ import annotations
 
-import math
 import os
 import textwrap
 from pathlib import Path
@@ -12,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_catalog import reduction_tolerance
 
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.gemm import GemmStage, GlueStage
 from opforge.request import load_request
 from opforge.verify.metrics import compare
-from opforge.verify.tolerance import tolerance_for
 from opforge.workspace import load_module
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -60,10 +59,7 @@ def _check(req, impl, binding: dict, dtype, k: int):
     want_g = torch.autograd.grad(want, ref_in, g)
     for name, a, b in [("out", got, want)] + [(f"grad_{s.name}", x, y) for s, x, y in zip(req.inputs, got_g, want_g)]:
         assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.shape)
-        base = tolerance_for(dtype, reduced_elems=k)
-        scale = float(b.detach().abs().max())
-        tol = type(base)(base.atol + 8 * torch.finfo(torch.float32).eps * scale * math.sqrt(k), base.rtol)
-        res = compare(a.detach(), b.detach(), tol, name=name)
+        res = compare(a.detach(), b.detach(), reduction_tolerance(dtype, k, b), name=name)
         assert res["passed"], f"{req.name} {dtype} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
 
 

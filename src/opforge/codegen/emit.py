@@ -12,7 +12,13 @@ import textwrap
 
 from opforge.codegen.across import finish, helpers, launch_setup, meet
 from opforge.codegen.emit_gemm import GEMM_KNOBS, emit_gemm_kernel, emit_gemm_launcher
-from opforge.codegen.emit_rows import COLUMN_SUMS, _size_sources, emit_row_kernel, emit_row_launcher
+from opforge.codegen.emit_rows import (
+    COLUMN_SUMS,
+    _size_sources,
+    emit_row_kernel,
+    emit_row_launcher,
+    launcher_signature,
+)
 from opforge.codegen.gemm import VIEW_METHODS, GemmStage, HostView
 from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
@@ -195,8 +201,7 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     returns a tuple of the kernel's outputs.
     """
     full = [a for a in plan.inputs if a.full]
-    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in runtime_attrs] +
-                    ["deterministic: bool = False"])
+    sig = launcher_signature(tensor_args, runtime_attrs)
     out = [f"def {fn_name}({sig}):"]
     b = out.append
     used = [a.name for a in plan.inputs]
@@ -258,8 +263,7 @@ def _chain_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: 
         call_args = ", ".join(have + attrs + ["deterministic=deterministic"])
         calls.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {sub}({call_args})")
         have = have + [o for o in outs if o in plan.temps]
-    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
-                    ["deterministic: bool = False"])
+    sig = launcher_signature(tensor_args, attrs)
     final = [o.name for o in plan.kernels[-1].outputs]
     why = "".join(f"    # {line}\n" for w in plan.why for line in textwrap.wrap(w, 112))
     parts.append(f"def {fn_name}({sig}):\n{why}" + "\n".join(calls) +
@@ -279,16 +283,14 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
         sub = f"_{op}_{step.name if isinstance(step, GemmStage) else step.plan.name}"
         if isinstance(step, GemmStage):
             parts.append(emit_gemm_launcher(op, step, sub, have, attrs))
-            outs = ([step.node] if step.store_product else []) + (
-                [o.name for o in step.epilogue.outputs] if step.epilogue else [])
+            outs = step.writes
         else:
             parts.append(_launcher_source(op, step.plan, step.plan.dims, sub, have, attrs))
             outs = step.outputs
         call_args = ", ".join(have + attrs + ["deterministic=deterministic"])
         calls.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {sub}({call_args})")
         have = have + [o for o in outs if o not in have]
-    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
-                    ["deterministic: bool = False"])
+    sig = launcher_signature(tensor_args, attrs)
     views = {s.target for s in plan.steps if isinstance(s, HostView)}
     final = [f"{r}.contiguous()" if r in views else r for r in plan.results]
     parts.append(f"def {fn_name}({sig}):\n" + "\n".join(calls) +

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 
+from opforge.codegen.emit_rows import launcher_signature
 from opforge.codegen.gemm import GemmStage
 
 GEMM_KNOBS = """\
@@ -45,11 +46,11 @@ def gemm_kernel_name(op: str, st: GemmStage) -> str:
     return f"_{op}_{st.name}_kernel"
 
 
-def _outputs(st: GemmStage) -> list[tuple[str, str]]:
-    """(name, value in the kernel) of what the stage stores."""
-    outs = [(st.node, "c")] if st.store_product else []
+def _values(st: GemmStage) -> list[str]:
+    """The kernel's value for each of `st.writes`."""
+    outs = ["c"] if st.store_product else []
     if st.epilogue is not None:
-        outs += [(o.name, o.value if o.block else f"{o.value} + tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+        outs += [o.value if o.block else f"{o.value} + tl.zeros((BLOCK_M, BLOCK_N), tl.float32)"
                  for o in st.epilogue.outputs]
     return outs
 
@@ -59,8 +60,7 @@ def _tile(name: str) -> str:
 
 
 def emit_gemm_kernel(op: str, st: GemmStage) -> str:
-    outs = _outputs(st)
-    tiles = ([st.bias] if st.bias else []) + st.loads + [n for n, _ in outs]
+    tiles = st.tiles_in + st.writes
     params = ["a_ptr", "b_ptr"] + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"]
     params += ["a_sb", "a_sm", "a_sk", "b_sb", "b_sk", "b_sn"]
     params += [f"{n}_{s}" for n in tiles for s in ("sb", "sm", "sn")]
@@ -71,7 +71,7 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
                           f", then {st.beta:g}·bias + {st.alpha:g}·C")
     what += ", then the epilogue on the tile" if st.epilogue else ""
     lines = ["@triton.jit", f"def {gemm_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
-             f'    """{st.name}: {what}; stores {", ".join(n for n, _ in outs)}."""']
+             f'    """{st.name}: {what}; stores {", ".join(st.writes)}."""']
     b = lines.append
     b("    pid, bid = tl.program_id(0), tl.program_id(1).to(tl.int64)  # tile, batch")
     b("    # grouped order: GROUP_M consecutive tile rows run together and share B's columns in L2")
@@ -109,7 +109,7 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
             b(f"    {n} = _to_f32(tl.load({n}_ptr))  # one value for the whole tensor")
         for s in st.epilogue.body:
             b(f"    {s.target} = {s.expr}  # {s.comment}")
-    for name, value in outs:
+    for name, value in zip(st.writes, _values(st)):
         b(f"    tl.store({_tile(name)}, _to_dtype({value}, {name}_ptr.dtype.element_ty), mask=mask)")
     return "\n".join(lines) + "\n"
 
@@ -121,10 +121,7 @@ def _strides3(t: str, batched: bool) -> str:
 
 def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
     """Allocates the stage's outputs and launches one program per tile (and batch)."""
-    outs = _outputs(st)
-    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
-                    ["deterministic: bool = False"])
-    lines = [f"def {fn_name}({sig}):"]
+    lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
     b = lines.append
     a, bb = st.a, st.b
     b(f"    batch = {a}.shape[0] if {a}.dim() == 3 else 1")
@@ -132,19 +129,19 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     b(f"    if {bb}.shape[-2] != K or {bb}.dim() != {a}.dim():")
     b(f"        raise ValueError(f\"{st.node}: cannot multiply {{tuple({a}.shape)}} by {{tuple({bb}.shape)}}\")")
     b(f"    shape = ({a}.shape[0], M, N) if {a}.dim() == 3 else (M, N)")
-    for name, _ in outs:
+    for name in st.writes:
         like = st.like if name == st.node else next(o.like for o in st.epilogue.outputs if o.name == name)
         dtype = f"{like}.dtype" if like else "torch.float32"
         b(f"    {name} = torch.empty(shape, device={a}.device, dtype={dtype})")
-    for t in ([st.bias] if st.bias else []) + st.loads:  # broadcast to the product's shape: stride 0
+    for t in st.tiles_in:  # broadcast to the product's shape: stride 0
         b(f"    {t}_v = {t}.expand(shape)")
     # 16-bit operands multiply on the tensor cores in their dtype; a float32 operand (a buffer between stages)
     # keeps float32: tf32 when the operator is 16-bit, IEEE float32 when it is float32 (its tolerance)
     b(f"    dot = _DOT_DTYPE[{a}.dtype] if {a}.dtype == {bb}.dtype else tl.float32")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
     b("    grid = (triton.cdiv(M, GEMM_BLOCK_M) * triton.cdiv(N, GEMM_BLOCK_N), batch)")
-    views = {t: f"{t}_v" for t in ([st.bias] if st.bias else []) + st.loads}
-    tiles = ([st.bias] if st.bias else []) + st.loads + [n for n, _ in outs]
+    views = {t: f"{t}_v" for t in st.tiles_in}
+    tiles = st.tiles_in + st.writes
     args = [a, bb] + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
     args += [_strides3(a, st.batched), _strides3(bb, st.batched)]
     args += [_strides3(views.get(t, t), st.batched) for t in tiles]
@@ -153,5 +150,5 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
     b("        BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, GROUP_M=GEMM_GROUP_M, DOT_DTYPE=dot,")
     b("        PRECISION=precision, **_gemm_launch())")
-    b(f"    return {', '.join(n for n, _ in outs)}{',' if len(outs) == 1 else ''}")
+    b(f"    return {', '.join(st.writes)}{',' if len(st.writes) == 1 else ''}")
     return "\n".join(lines) + "\n"

@@ -652,11 +652,16 @@ def _split_launch(plan: RowPlan, kname: str, args: list[str], dev: str) -> list[
         f"        return ({''.join(o.name + ', ' for o in plan.outputs).rstrip()})"]
 
 
+def launcher_signature(tensor_args: list[str], attrs: list[str]) -> str:
+    """Every launcher takes all the operator's tensors and run-time attributes, so both passes share one."""
+    return ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in attrs] +
+                     ["deterministic: bool = False"])
+
+
 def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],
                       runtime_attrs: list[str]) -> str:
     """Allocates outputs and launches the kernel; torch does no math here. `dims`: graph symbol -> source."""
-    sig = ", ".join([f"{t}: torch.Tensor" for t in tensor_args] + [f"{a}: float" for a in runtime_attrs] +
-                    ["deterministic: bool = False"])
+    sig = launcher_signature(tensor_args, runtime_attrs)
     out = [f"def {fn_name}({sig}):"]
     b = out.append
     used = [a.name for a in plan.inputs]

@@ -59,6 +59,17 @@ class GemmStage:
     loads: list[str] = field(default_factory=list)  # the epilogue's other inputs, at the product's shape
     scalars: list[str] = field(default_factory=list)  # the epilogue's one-value inputs
 
+    @property
+    def tiles_in(self) -> list[str]:
+        """Inputs read as tiles at the product's shape, broadcast by their strides: the bias, the epilogue's."""
+        return ([self.bias] if self.bias else []) + self.loads
+
+    @property
+    def writes(self) -> list[str]:
+        """What the stage stores: the product where it is read later, the epilogue's outputs."""
+        return ([self.node] if self.store_product else []) + (
+            [o.name for o in self.epilogue.outputs] if self.epilogue else [])
+
 
 @dataclass
 class GlueStage:
@@ -111,9 +122,7 @@ class StagedPlan(PlanOfParts):
         out = []
         for s in self.steps:
             if isinstance(s, GemmStage):
-                out += [(v, "read") for v in [s.a, s.b] + ([s.bias] if s.bias else []) + s.loads + s.scalars]
-                out += [(s.node, "write")] if s.store_product else []
-                out += [(o.name, "write") for o in s.epilogue.outputs] if s.epilogue else []
+                out += [(v, "read") for v in [s.a, s.b] + s.tiles_in + s.scalars] + [(v, "write") for v in s.writes]
             elif isinstance(s, GlueStage):
                 out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
         return out
@@ -162,10 +171,8 @@ def _subgraph(nodes: list, inputs: list, outputs: list, names: dict) -> torch.fx
 
 def _symbolic(n) -> bool:
     """Arithmetic on sizes (sym_size, sym_numel, Python operators on them): recomputed where it is read."""
-    if n.op != "call_function":
-        return False
-    rule = OP_TABLE.get(op_name(n.target))
-    return (rule is not None and rule.kind == SYMBOLIC) or n.target in SYM_OPS
+    rule = OP_TABLE.get(op_name(n.target)) if n.op == "call_function" else None
+    return rule is not None and rule.kind == SYMBOLIC
 
 
 def _closure(nodes: list) -> list:

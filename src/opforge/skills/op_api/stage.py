@@ -11,7 +11,7 @@ from collections import Counter
 
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
-from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS
+from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.trace import trace_request
@@ -80,7 +80,7 @@ def _staged_bytes(plan, gm, req, binding, eb: int) -> int:
     """What a pass of GEMM and glue stages moves: each stage reads its inputs and writes its outputs, values
     handed between stages as float32, the pass's inputs and outputs in their own dtypes."""
     subs = graph_binding(gm, req, binding)
-    views = {s.target: s for s in plan.steps if hasattr(s, "op")}
+    views = {s.target: s for s in plan.steps if isinstance(s, HostView)}
     total = 0
     for name, _ in plan.moves():
         base = name

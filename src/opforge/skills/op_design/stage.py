@@ -37,7 +37,6 @@ def plan_summary(plan: KernelPlan | RowPlan | GemmStage) -> dict:
 
 def _gemm_summary(st: GemmStage) -> dict:
     ep = st.epilogue
-    writes = ([st.node] if st.store_product else []) + ([o.name for o in ep.outputs] if ep else [])
     return {
         "kernel": st.name,
         "layout": "gemm",
@@ -45,9 +44,9 @@ def _gemm_summary(st: GemmStage) -> dict:
                                                       if st.bias else ""),
         "batched": st.batched,
         "reads": [{"name": n, "operand": "operand"} for n in (st.a, st.b)]
-        + [{"name": n, "operand": "broadcast"} for n in ([st.bias] if st.bias else []) + st.loads]
+        + [{"name": n, "operand": "broadcast"} for n in st.tiles_in]
         + [{"name": n, "operand": "scalar"} for n in st.scalars],
-        "writes": [{"name": n, "operand": "full", "when": "every program, tile by tile"} for n in writes],
+        "writes": [{"name": n, "operand": "full", "when": "every program, tile by tile"} for n in st.writes],
         "statements": len(ep.body) if ep else 0,
         "epilogue_fused": ep is not None,
         "runtime_attributes": ep.attrs if ep else [],
