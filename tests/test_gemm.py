@@ -14,7 +14,7 @@ import yaml
 from test_catalog import reduction_tolerance
 
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.codegen.gemm import GemmStage, GlueStage
+from opforge.codegen.gemm import GemmStage, GlueStage, HostView
 from opforge.request import load_request
 from opforge.verify.metrics import compare
 from opforge.workspace import load_module
@@ -49,15 +49,18 @@ def _impl(path: Path, tmp: Path):
 def _check(req, impl, binding: dict, dtype, k: int):
     gen = torch.Generator().manual_seed(7)
     ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
-    got_in = [t.to(dtype).to(DEVICE).requires_grad_() for t in ins]
-    ref_in = [t.to(dtype).double().requires_grad_() for t in ins]
-    got = getattr(impl, req.name)(*got_in)
-    want = req.load_reference()(*ref_in)
-    g = torch.randn(want.shape, generator=gen, dtype=torch.float64).to(dtype).double()  # one upstream gradient
-    got_g = [t.cpu() for t in torch.autograd.grad(got, got_in, g.to(dtype).to(DEVICE))]
-    got = got.cpu()
-    want_g = torch.autograd.grad(want, ref_in, g)
-    for name, a, b in [("out", got, want)] + [(f"grad_{s.name}", x, y) for s, x, y in zip(req.inputs, got_g, want_g)]:
+    wrt = [s.requires_grad for s in req.inputs]
+    got_in = [t.to(dtype).to(DEVICE).requires_grad_(w) for t, w in zip(ins, wrt)]
+    ref_in = [t.to(dtype).double().requires_grad_(w) for t, w in zip(ins, wrt)]
+    got, want = getattr(impl, req.name)(*got_in), req.load_reference()(*ref_in)
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    # one upstream gradient per output, rounded to the dtype so both sides start from the same values
+    grads = [torch.randn(w.shape, generator=gen, dtype=torch.float64).to(dtype).double() for w in want]
+    got_g = [t.cpu() for t in torch.autograd.grad(got, [t for t in got_in if t.requires_grad],
+                                                  [g.to(dtype).to(DEVICE) for g in grads])]
+    want_g = torch.autograd.grad(want, [t for t in ref_in if t.requires_grad], grads)
+    names = [f"out{i}" for i in range(len(got))] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
+    for name, a, b in zip(names, [t.cpu() for t in got] + got_g, list(want) + list(want_g)):
         assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.shape)
         res = compare(a.detach(), b.detach(), reduction_tolerance(dtype, k, b), name=name)
         assert res["passed"], f"{req.name} {dtype} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
@@ -97,6 +100,18 @@ def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     _check(req, impl, {"N": 13, "H": 24, "F": 40}, torch.float32, 40)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_prolog_matches_float64_through_six_products_two_norms_and_two_ropes(tmp_path, dtype):
+    req, build, impl = _impl(EXAMPLES / "mla_prolog", tmp_path)
+    fwd = build.forward
+    assert len(fwd.gemms) == 6 and [g.batched for g in fwd.gemms].count(True) == 1  # the absorbed w_uk
+    # each norm and rope is a glue kernel at its own shape; the head views and transposes are never copied
+    assert len([s for s in fwd.steps if isinstance(s, GlueStage)]) == 4
+    assert {s.op for s in fwd.steps if isinstance(s, HostView)} >= {"aten.transpose.int", "aten.view.default"}
+    binding = {"T": 19, "He": 40, "Hcq": 24, "N": 3, "D": 8, "R": 6, "C": 20}
+    _check(req, impl, binding, dtype, max(binding.values()))
+
+
 def test_operands_of_the_wrong_size_are_refused_with_the_product_named(tmp_path):
     _, _, impl = _impl(EXAMPLES / "linear_gelu", tmp_path)
     with pytest.raises((ValueError, RuntimeError), match="cannot multiply|expected"):
@@ -109,14 +124,16 @@ def test_every_gemm_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills(
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "opforge", "bench", "compile", "--request", "examples/linear_gelu",
+    r = subprocess.run([sys.executable, "-m", "opforge", "bench", "compile", "--ops", "linear_gelu,mla_prolog",
                         "--elements", "0", "--json", "-"], capture_output=True, text=True, cwd=root, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
-    builds = [b for op in json.loads(r.stdout)["ops"] for b in op["builds"]]
-    gemms = [b for b in builds if "BLOCK_K" in b["constexprs"]]
-    assert len(gemms) == 4  # the forward's product with its epilogue; the backward's recomputed one, dx, dweight
-    for b in builds:
-        assert b["spill_bytes"] == 0, b
-    for b in gemms:
-        assert b["wgmma"] > 0, b  # Hopper's warpgroup matrix instructions, not FMA loops
+    for op in json.loads(r.stdout)["ops"]:
+        build = plan_request(load_request(EXAMPLES / op["op"]))
+        gemms = [b for b in op["builds"] if "BLOCK_K" in b["constexprs"]]
+        # linear_gelu: the forward's product with its epilogue; the backward's recomputed one, dx, dweight
+        assert len(gemms) == len(build.forward.gemms) + len(build.backward.gemms) > 0
+        for b in op["builds"]:
+            assert b["spill_bytes"] == 0, b
+        for b in gemms:
+            assert b["wgmma"] > 0, b  # Hopper's warpgroup matrix instructions, not FMA loops

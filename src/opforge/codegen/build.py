@@ -46,12 +46,17 @@ def graph_dims(gm, names: list[str]) -> dict:
 
 
 def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list[tuple[str, int]],
-              like: dict) -> KernelPlan | RowPlan | ChainPlan:
+              like: dict, named: dict | None = None) -> KernelPlan | RowPlan | ChainPlan:
     """The flat kernel when every value is full-size or a scalar; otherwise the row kernel, or a chain of them
-    when a value needs a finished column or full reduction for every row."""
+    when a value needs a finished column or full reduction for every row. `named` maps the graph's size
+    symbols to the request's (read off `gm`'s inputs when not given: a glue graph's inputs are not the
+    request's)."""
+    if named is None:
+        named = symbol_map(gm, req, products=True)
+        named.update(grad_symbols(gm, req, input_names, named))
     if has_products(gm):  # matrix products: GEMM stages, the rest planned as glue by this function
         def glue(gname, sub, names, outs, glike):
-            plan = plan_pass(req, gname, sub, names, outs, glike)
+            plan = plan_pass(req, gname, sub, names, outs, glike, named)
             if not hasattr(plan, "dims"):  # a flat plan's launcher reads its sizes off its inputs
                 plan.dims = graph_dims(sub, names)
             return plan
@@ -62,8 +67,6 @@ def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list
         return plan_kernel(name, gm, input_names, outputs, like)
     except Unsupported:
         dims = graph_dims(gm, input_names)
-        named = symbol_map(gm, req, products=True)
-        named.update(grad_symbols(gm, req, input_names, named))
         names = {s: named.get(s, str(s)) for s in dims}
         plan = plan_chain(name, gm, input_names, outputs, like, names)
         for k in kernels_of(plan):

@@ -191,6 +191,22 @@ def rewrite_inplace(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def drop_full_slices(gm: torch.fx.GraphModule) -> None:
+    """A slice that keeps a whole dimension (`x[:, None]` traces one for the `:`) is its source: no planner
+    has to tell it from a real one."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.slice.Tensor:
+            continue
+        src, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]
+        if (start or 0) != 0 or step != 1 or str(node.meta["val"].shape) != str(src.meta["val"].shape):
+            continue
+        node.replace_all_uses_with(src)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
 def factor_column_sums(gm: torch.fx.GraphModule) -> None:
     """sum over leading dims of (f · t), f constant along them and computed from an earlier reduction, becomes
     f · sum(t), in place (so for neg and a scalar factor). Then the sum no longer waits for f: a batch norm's

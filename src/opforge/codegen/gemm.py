@@ -14,24 +14,29 @@ inputs and that glue), then the glue that reads them, then the products of depth
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
+import sympy
 import torch
+from torch.utils._sympy.functions import FloorDiv
 
 from opforge.codegen.ops import OP_TABLE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
-from opforge.codegen.symbolic import SYM_OPS
+from opforge.codegen.symbolic import SYM_OPS, expr_of, pysrc
 
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
 # views the launcher takes with torch when they lead only to products, outputs and other such views
 HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
               "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.detach.default",
-              "aten.alias.default"}
-IDENTITY_VIEWS = {"aten.detach.default", "aten.alias.default"}
+              "aten.alias.default", "aten.clone.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+              "aten.squeeze.dims"}
+IDENTITY_VIEWS = {"aten.detach.default", "aten.alias.default", "aten.clone.default"}  # the value itself
 # the Tensor method the launcher takes each view with (an _unsafe_view follows a copy: reshape)
 VIEW_METHODS = {"aten.t.default": "t", "aten.transpose.int": "transpose", "aten.permute.default": "permute",
                 "aten.view.default": "view", "aten._unsafe_view.default": "reshape", "aten.reshape.default": "reshape",
-                "aten.expand.default": "expand"}
+                "aten.expand.default": "expand", "aten.unsqueeze.default": "unsqueeze", "aten.squeeze.dim": "squeeze",
+                "aten.squeeze.dims": "squeeze"}
 
 
 def has_products(gm: torch.fx.GraphModule) -> bool:
@@ -132,7 +137,9 @@ class StagedPlan(PlanOfParts):
 
 
 def _host_views(gm) -> set:
-    """Views that lead only to products, the output and other such views: the launcher takes them."""
+    """The views the launcher takes: those that lead only to products, the output and other such views, and
+    those of a value in memory (an input, a stored product), so that the glue reads the viewed tensor and its
+    sizes off it rather than off whichever input the trace first saw them on."""
     host: set = set()
     for n in reversed(list(gm.graph.nodes)):
         if n.op != "call_function" or op_name(n.target) not in HOST_VIEWS:
@@ -140,21 +147,26 @@ def _host_views(gm) -> set:
         if all(u.op == "output" or (u.op == "call_function" and op_name(u.target) in PRODUCTS) or u in host
                for u in n.users):
             host.add(n)
+    for n in gm.graph.nodes:
+        src = n.args[0] if n.op == "call_function" and op_name(n.target) in HOST_VIEWS else None
+        if src is not None and (src.op == "placeholder" or src in host or
+                                (src.op == "call_function" and op_name(src.target) in PRODUCTS)):
+            host.add(n)
     return host
 
 
 def _depths(gm) -> dict:
     """Products on the longest path to each value: the stage that can compute it."""
     depth: dict = {}
-    for n in gm.graph.nodes:
-        d = max((depth[a] for a in n.all_input_nodes), default=0)
+    for n in gm.graph.nodes:  # sizes are known from the inputs, whatever value the trace read them off
+        d = 0 if _symbolic(n) else max((depth[a] for a in n.all_input_nodes), default=0)
         depth[n] = d + 1 if n.op == "call_function" and op_name(n.target) in PRODUCTS else d
     return depth
 
 
-def _subgraph(nodes: list, inputs: list, outputs: list, names: dict) -> torch.fx.GraphModule:
+def _subgraph(nodes: list, inputs: list, outputs: list, names: dict, sizes: dict) -> torch.fx.GraphModule:
     """The nodes as a graph of their own: `inputs` become placeholders (named as in the pass), `outputs` its
-    output tuple."""
+    output tuple, and each size of `sizes` is read off the input and dimension it names."""
     g = torch.fx.Graph()
     env: dict = {}
     by_name: dict = {}  # a value and its detached alias are one input
@@ -164,7 +176,10 @@ def _subgraph(nodes: list, inputs: list, outputs: list, names: dict) -> torch.fx
             by_name[names[n]].meta = dict(n.meta)
         env[n] = by_name[names[n]]
     for n in nodes:
-        env[n] = g.node_copy(n, lambda a: env[a])
+        if n in sizes:
+            env[n] = _size_node(g, *sizes[n], env)
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
     g.output(tuple(env[n] for n in outputs))
     return torch.fx.GraphModule(torch.nn.Module(), g)
 
@@ -175,12 +190,17 @@ def _symbolic(n) -> bool:
     return rule is not None and rule.kind == SYMBOLIC
 
 
+def _free(n) -> bool:
+    """Sizes, and constants made from nothing but sizes (a scalar_tensor, a full): recomputed where read."""
+    return _symbolic(n) or (n.op == "call_function" and all(_symbolic(a) for a in n.all_input_nodes))
+
+
 def _closure(nodes: list) -> list:
-    """`nodes` with the size arithmetic they read, in graph order."""
+    """`nodes` with the sizes and constants they read, in graph order."""
     keep, stack = set(nodes), list(nodes)
     while stack:
         for a in stack.pop().all_input_nodes:
-            if _symbolic(a) and a not in keep:
+            if _free(a) and a not in keep:
                 keep.add(a)
                 stack.append(a)
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)} if nodes else {}
@@ -211,18 +231,18 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     stack = list(results)
     while stack:
         n = stack.pop()
-        if n not in needed:
+        if n not in needed:  # a size is read off the inputs, never off a value computed for it alone
             needed.add(n)
-            stack += list(n.all_input_nodes)
+            stack += [a for a in n.all_input_nodes if not _symbolic(n) or _symbolic(a)]
     compute = [n for n in graph.nodes if n in needed and n.op == "call_function" and n not in host
-               and op_name(n.target) not in PRODUCTS and not _symbolic(n)]
+               and op_name(n.target) not in PRODUCTS and not _free(n)]
     products = [n for n in graph.nodes if n in needed and n.op == "call_function" and op_name(n.target) in PRODUCTS]
     steps: list = []
     done: set = set(placeholders)
     count = iter(range(len(graph.nodes)))  # names the kernels: {name}_0, {name}_1, ...
 
     def need(v):  # a host view (and the views under it), taken just before the stage that reads it
-        if v in done or _symbolic(v):
+        if v in done or _free(v):
             return
         if v not in host:
             raise Unsupported([op_name(v.target)], f"{v.name} is read before the stage that computes it")
@@ -231,55 +251,52 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         done.add(v)
         if op_name(v.target) in IDENTITY_VIEWS:
             return
-        steps.append(HostView(names[v], op_name(v.target), tuple(_host_arg(a, names) for a in v.args)))
+        steps.append(HostView(names[v], op_name(v.target), tuple(_host_arg(a, names, placeholders) for a in v.args)))
         done.add(v)
 
     for d in range(max(depth.values(), default=0) + 1):
         prods = [p for p in products if depth[p] == d]
-        glue_nodes = [n for n in compute if depth[n] == d]
-        members = set(glue_nodes)
-        g_inputs: list = []
-        for n in _closure(glue_nodes):
-            for a in n.all_input_nodes:
-                if a not in members and not _symbolic(a) and a not in g_inputs:
-                    g_inputs.append(a)
-        g_outputs = [n for n in glue_nodes if n in results or any(u not in members for u in n.users)]
-        fused = _fusable(prods, glue_nodes, g_inputs, g_outputs, results, members)
+        groups = []  # the glue of this depth, one stage per connected part: each has its own shape
+        for part in _components([n for n in compute if depth[n] == d]):
+            members = set(part)
+            g_inputs, sizes = _glue_inputs(part, placeholders)
+            g_outputs = [n for n in part if n in results or any(u not in members and not _symbolic(u)
+                                                                  for u in n.users)]
+            fused = _fusable(prods, part, g_inputs, g_outputs, results, members)
+            groups.append((part, g_inputs, g_outputs, fused, sizes))
         for p in prods:
             for a in p.args[:3]:
                 if isinstance(a, torch.fx.Node):
                     need(a)
+        epilogues = {g[3] for g in groups}
         for p in prods:
-            if p is not fused:
+            if p not in epilogues:
                 steps.append(_gemm(f"{name}_{next(count)}", p, names, result_like))
                 done.add(p)
-        plan = None
-        if glue_nodes:
-            sub = _subgraph(_closure(glue_nodes), g_inputs, g_outputs, names)
+        for part, g_inputs, g_outputs, fused, sizes in groups:
+            sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes)
             plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
                              [(names[n], i) for i, n in enumerate(g_outputs)],
                              {names[n]: result_like.get(n) for n in g_outputs})
-        if fused is not None and not (isinstance(plan, KernelPlan) and not plan.reductions):
-            steps.append(_gemm(f"{name}_{next(count)}", fused, names, result_like))  # stored, then the glue
-            done.add(fused)
-            fused = None
-        if plan is None:
-            continue
-        for a in g_inputs:
-            if a is not fused:
-                need(a)
-        if fused is not None:
-            stage = _gemm(plan.name, fused, names, result_like)  # the epilogue's kernel is the product's
-            full = {a.name for a in plan.inputs if a.full}
-            stage.store_product, stage.epilogue, stage.acc_input = False, plan, names[fused]
-            stage.loads = [names[a] for a in g_inputs if a is not fused and names[a] in full]
-            stage.scalars = [names[a] for a in g_inputs if a is not fused and names[a] not in full]
-            steps.append(stage)
-            done.add(fused)
-        else:
-            steps.append(GlueStage(plan, list(dict.fromkeys(names[a] for a in g_inputs)),
-                                   [names[n] for n in g_outputs]))
-        done.update(g_outputs)
+            if fused is not None and not (isinstance(plan, KernelPlan) and not plan.reductions):
+                steps.append(_gemm(f"{name}_{next(count)}", fused, names, result_like))  # stored, then the glue
+                done.add(fused)
+                fused = None
+            for a in g_inputs:
+                if a is not fused:
+                    need(a)
+            if fused is not None:
+                stage = _gemm(plan.name, fused, names, result_like)  # the epilogue's kernel is the product's
+                full = {a.name for a in plan.inputs if a.full}
+                stage.store_product, stage.epilogue, stage.acc_input = False, plan, names[fused]
+                stage.loads = [names[a] for a in g_inputs if a is not fused and names[a] in full]
+                stage.scalars = [names[a] for a in g_inputs if a is not fused and names[a] not in full]
+                steps.append(stage)
+                done.add(fused)
+            else:
+                steps.append(GlueStage(plan, list(dict.fromkeys(names[a] for a in g_inputs)),
+                                       [names[n] for n in g_outputs]))
+            done.update(g_outputs)
     for r in results:
         need(r)
     outs = [OutArg(oname, names[r], True, False, list(r.meta["val"].shape), like.get(oname), False, True)
@@ -289,21 +306,108 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     return StagedPlan(name, steps, [names[r] for r in results], list(input_names), outs, shapes)
 
 
-def _host_arg(a, names: dict):
-    """An argument of a view the launcher takes, as Python source: values by name, sizes read off them."""
+def _glue_inputs(part: list, placeholders: list) -> tuple[list, dict]:
+    """The values a glue stage reads, and where it reads its sizes: the trace reads a size off the first
+    value that has it (often a weight the glue never touches, or a value of another stage), so a size is read
+    off the values the glue reads anyway where they have its symbols; else off the pass's inputs, which then
+    join the stage."""
+    members, inputs, sizes = set(part), [], {}
+    for n in part:
+        for a in n.all_input_nodes:
+            if a not in members and not _free(a) and a not in inputs:
+                inputs.append(a)
+    for n in _closure(part):
+        if n in members:
+            continue
+        if op_name(n.target) == "aten.sym_size.int" and n.args[0] not in inputs:
+            size = n.args[0].meta["val"].shape[n.args[1]]
+            found = _size_source(size, inputs) or _size_source(size, placeholders)
+            inputs += [a for a, _ in found[1].values() if a not in inputs]
+            sizes[n] = found
+        if n not in sizes:
+            inputs += [a for a in n.all_input_nodes if not _free(a) and a not in inputs]
+    return inputs, sizes
+
+
+def _size_source(size, inputs: list):
+    """(expression, {symbol: (input, dim)}) reading `size` off the dimensions of `inputs`, or None."""
+    expr = expr_of(size)
+    where: dict = {}
+    for sym in expr.free_symbols:
+        for a in inputs:
+            dims = [d for d, x in enumerate(getattr(a.meta["val"], "shape", ())) if expr_of(x) == sym]
+            if dims:
+                where[sym] = (a, dims[0])
+                break
+        else:
+            return None
+    return expr, where
+
+
+def _size_node(g: torch.fx.Graph, expr, where: dict, env: dict):
+    """Graph nodes computing the size expression from the placeholders' sizes, with their SymInt values."""
+    if isinstance(expr, sympy.Symbol):
+        src, dim = where[expr]
+        node = g.call_function(torch.ops.aten.sym_size.int, (env[src], dim))
+        node.meta["val"] = src.meta["val"].shape[dim]
+        return node
+    if expr.is_Integer:
+        return int(expr)
+    if isinstance(expr, FloorDiv):
+        fn, parts = operator.floordiv, expr.args
+    elif isinstance(expr, (sympy.Add, sympy.Mul)):
+        fn, parts = (operator.add if isinstance(expr, sympy.Add) else operator.mul), expr.args
+    else:
+        raise Unsupported([], f"a size computed as {expr}, which the glue cannot read off its inputs")
+    value = _size_node(g, parts[0], where, env)
+    for p in parts[1:]:
+        right = _size_node(g, p, where, env)
+        val = fn(*(x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in (value, right)))
+        value = g.call_function(fn, (value, right))
+        value.meta["val"] = val
+    return value
+
+
+def _components(nodes: list) -> list[list]:
+    """`nodes` in groups connected by the values they hand each other (not by inputs they share), each in
+    graph order: an RMSNorm of one product and a RoPE of another are two kernels, of two shapes."""
+    part = {n: n for n in nodes}
+
+    def root(n):
+        while part[n] is not n:
+            part[n] = part[part[n]]
+            n = part[n]
+        return n
+
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in part:
+                part[root(a)] = root(n)
+    groups: dict = {}
+    for n in nodes:
+        groups.setdefault(root(n), []).append(n)
+    return list(groups.values())
+
+
+def _host_arg(a, names: dict, placeholders: list):
+    """An argument of a view the launcher takes, as Python source: values by name, sizes read off the inputs."""
     if isinstance(a, (list, tuple)):
-        return "[" + ", ".join(_host_arg(x, names) for x in a) + "]"
+        return "[" + ", ".join(_host_arg(x, names, placeholders) for x in a) + "]"
     if not isinstance(a, torch.fx.Node):
         return repr(a)
     if not _symbolic(a):
         return names[a]
     op = op_name(a.target)
-    if op == "aten.sym_size.int":
-        return f"{_host_arg(a.args[0], names)}.size({a.args[1]})"
+    if op == "aten.sym_size.int" and a.args[0].op == "placeholder":
+        return f"{names[a.args[0]]}.size({a.args[1]})"
+    if op == "aten.sym_size.int":  # off a value the launcher may never hold: off the inputs
+        expr, where = _size_source(a.args[0].meta["val"].shape[a.args[1]], placeholders)
+        return pysrc(expr, {sym: f"{names[t]}.size({d})" for sym, (t, d) in where.items()})
     if op == "aten.sym_numel.default":
-        return f"{_host_arg(a.args[0], names)}.numel()"
+        return f"{_host_arg(a.args[0], names, placeholders)}.numel()"
     if a.target in SYM_OPS:
-        return f"({_host_arg(a.args[0], names)} {SYM_OPS[a.target]} {_host_arg(a.args[1], names)})"
+        left, right = (_host_arg(x, names, placeholders) for x in a.args[:2])
+        return f"({left} {SYM_OPS[a.target]} {right})"
     raise Unsupported([op], "a size computed in a way the launcher cannot read")
 
 
@@ -338,4 +442,4 @@ def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, res
 
 def _reduces(n) -> bool:
     rule = OP_TABLE.get(op_name(n.target))
-    return rule is None or rule.kind == REDUCTION or op_name(n.target) in HOST_VIEWS
+    return rule is None or rule.kind == REDUCTION or op_name(n.target) in HOST_VIEWS - IDENTITY_VIEWS

@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from opforge.codegen.decompose import (
     DECOMPOSITIONS,
     SizeSafeFunctionals,
+    drop_full_slices,
     factor_column_sums,
     rewrite_inplace,
     rewrite_variance,
@@ -279,6 +280,7 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
         if gm is not None:
             rewrite_variance(gm)
             rewrite_inplace(gm)
+            drop_full_slices(gm)
             factor_column_sums(gm)
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
                     binding, leading_dimensions(req, fn, binding))
