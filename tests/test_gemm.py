@@ -71,11 +71,12 @@ def test_linear_gelu_fuses_bias_and_gelu_into_the_product_and_matches_float64(tm
     req, build, impl = _impl(EXAMPLES / "linear_gelu", tmp_path)
     fwd = build.forward
     assert [type(s) for s in fwd.steps if not hasattr(s, "op")] == [GemmStage]  # one kernel: GELU in the epilogue
-    gemm = fwd.gemms[0]
-    assert gemm.bias == "bias" and gemm.epilogue is not None and not gemm.store_product
-    bwd = build.backward  # the product again, GELU's gradient with the bias's column sum, then dx and dweight
+    gemm = fwd.gemms[0]  # the epilogue stores GELU's output and the product, saved for the backward
+    assert gemm.bias == "bias" and gemm.epilogue is not None and gemm.writes == ["addmm", "mul_5"]
+    assert build.saved.what == "products" and build.saved.names == ["saved_addmm"]
+    bwd = build.backward  # GELU's gradient at the saved product with the bias's column sum, then dx and dweight
     kinds = [type(s).__name__ for s in bwd.steps if isinstance(s, (GemmStage, GlueStage))]
-    assert kinds == ["GemmStage", "GlueStage", "GemmStage", "GemmStage"]
+    assert kinds == ["GlueStage", "GemmStage", "GemmStage"] and "saved_addmm" in bwd.steps[0].inputs
     for binding in ({"N": 37, "K": 70, "M": 45}, {"N": 1, "K": 3, "M": 130}):
         _check(req, impl, binding, dtype, binding["K"])
 
@@ -131,7 +132,7 @@ def test_every_gemm_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills(
     for op in json.loads(r.stdout)["ops"]:
         build = plan_request(load_request(EXAMPLES / op["op"]))
         gemms = [b for b in op["builds"] if "BLOCK_K" in b["constexprs"]]
-        # linear_gelu: the forward's product with its epilogue; the backward's recomputed one, dx, dweight
+        # linear_gelu: the forward's product with its epilogue; the backward's dx and dweight
         assert len(gemms) == len(build.forward.gemms) + len(build.backward.gemms) > 0
         for b in op["builds"]:
             assert b["spill_bytes"] == 0, b

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import sympy
 
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
-from opforge.codegen.gemm import has_products, plan_staged
+from opforge.codegen.gemm import StagedPlan, has_products, operands, plan_staged
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
-from opforge.codegen.saved import SavedStats, add_outputs, forward_stats, read_instead
+from opforge.codegen.saved import SavedStats, add_outputs, forward_products, forward_stats, read_instead
 from opforge.codegen.symbolic import (
     exact_groups,
     graph_shapes,
@@ -139,6 +139,8 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
     if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
         _save_stats(req, build)
+    if isinstance(fwd, StagedPlan) and isinstance(bwd, StagedPlan):
+        _save_products(req, build)
     return build
 
 
@@ -182,6 +184,30 @@ def _save_stats(req: Request, build: Build) -> None:
     build.saved = SavedStats(names, gain, (bwd.walks, bwd2.walks))
     if gain > 0:
         build.forward, build.backward = fwd2, bwd2
+
+
+def _save_products(req: Request, build: Build) -> None:
+    """Plan the pair again with the forward's matrix products handed to the backward (codegen/saved.py)."""
+    t = build.traced
+    pairs = forward_products(t.forward, t.joint, len(t.input_names), len(t.output_names))
+    if not pairs:
+        return
+    names = [f"saved_{f.name}" for _, f in pairs]
+    try:
+        fwd2 = _plan_forward(req, t, add_outputs(t.forward, [f for _, f in pairs]), names)
+        bwd2 = _plan_backward(req, t, read_instead(t.joint, [b for b, _ in pairs], names), names)
+    except Unsupported:
+        return
+    numel = numel_of(t.forward, req, req.p0[0])
+    eb = 4 if "float32" in req.dtypes[:1] else 2
+    moved = flops = 0
+    for _, f in pairs:  # what recomputing would read (an input in the op's dtype, a value between stages float32)
+        a, b = operands(f)
+        moved += sum(numel(x) * (eb if x.op == "placeholder" else 4) for x in (a, b))
+        flops += 2 * numel(f) * int(sympy.sympify(shape_exprs(a.meta["val"])[-1]).xreplace(
+            graph_binding(t.forward, req, req.p0[0])))
+    build.saved = SavedStats(names, moved, (0, 0), "products", flops)
+    build.forward, build.backward = fwd2, bwd2
 
 
 def _size(plan: RowPlan, expr: str, subs: dict) -> int:

@@ -288,7 +288,8 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             if fused is not None:
                 stage = _gemm(plan.name, fused, names, result_like)  # the epilogue's kernel is the product's
                 full = {a.name for a in plan.inputs if a.full}
-                stage.store_product, stage.epilogue, stage.acc_input = False, plan, names[fused]
+                stage.epilogue, stage.acc_input = plan, names[fused]
+                stage.store_product = fused in results  # returned too (saved for the backward): one more store
                 stage.loads = [names[a] for a in g_inputs if a is not fused and names[a] in full]
                 stage.scalars = [names[a] for a in g_inputs if a is not fused and names[a] not in full]
                 steps.append(stage)
@@ -411,6 +412,11 @@ def _host_arg(a, names: dict, placeholders: list):
     raise Unsupported([op], "a size computed in a way the launcher cannot read")
 
 
+def operands(p) -> tuple:
+    """A product node's A and B (addmm's bias comes first)."""
+    return tuple(p.args[1:3]) if op_name(p.target) == "aten.addmm.default" else tuple(p.args[:2])
+
+
 def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
     op = op_name(p.target)
     if op == "aten.addmm.default":
@@ -426,11 +432,11 @@ def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
 def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, results: list, members: set):
     """The product whose glue runs in its epilogue: the glue is pointwise (one flat kernel, no reductions),
     reads this product at the product's own shape and every other full input at that shape too, and nothing
-    else reads the product. The last such product of the depth, so that the others are stored before it."""
+    else reads the product but the pass's output (then the epilogue stores it too). The last such product of the depth, so that the others are stored before it."""
     if not glue_nodes or not prods:
         return None
     for p in reversed(prods):
-        if p not in g_inputs or p in results or any(u not in members for u in p.users):
+        if p not in g_inputs or any(u not in members and u.op != "output" for u in p.users):
             continue
         shape = tuple(p.meta["val"].shape)
         fine = all(tuple(a.meta["val"].shape) in (shape, ()) or a.meta["val"].numel() == 1 for a in g_inputs)

@@ -6,6 +6,10 @@ inputs once either way, so recomputing costs no bytes and saving would add some;
 more for each such reduction, and there the forward writes the statistics (one float32 per row each) and the
 backward reads them instead of walking (as Liger's norms keep rstd). The choice is made at the request's first
 P0 shape and stated in DESIGN.md with its bytes.
+
+Matrix products are saved always (as autograd saves a linear's input and output): the forward has the
+product's tile in registers, so storing it costs one write, where recomputing it in the backward reads both
+operands again, writes the product anyway, and redoes its 2·M·N·K flops.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.codegen.ops import upstream
+from opforge.codegen.gemm import PRODUCTS
+from opforge.codegen.ops import op_name, upstream
 from opforge.codegen.rows import RowPlan, cut_at
 
 
@@ -23,6 +28,8 @@ class SavedStats:
     names: list[str]  # the backward's extra inputs, the forward's extra outputs, in order
     bytes_saved: int  # at the deciding shape: recomputation's extra walks, less the stats written and read
     walks: tuple[int, int]  # the backward's looped walks: recomputing, with the stats saved
+    what: str = "statistics"  # or "products"
+    flops_saved: int = 0  # products: the backward's recomputing flops
 
 
 # the joint graph detaches what autograd saved; the value is the same
@@ -73,6 +80,21 @@ def forward_stats(fwd: RowPlan, bwd: RowPlan, fwd_gm, joint_gm, n_inputs: int) -
         f = fwd_keys.get(joint_keys.get(r.node))
         if f is not None and f in fwd_rows and all(f is not g for _, g in out):  # a repeat stays recomputed
             out.append((r.node, f))
+    return out
+
+
+def forward_products(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
+    """(backward node, forward node) for each matrix product the backward computes again from the inputs to
+    find its gradients (the joint graph's outputs after the forward's `n_outputs`)."""
+    fwd_keys = {k: n for n, k in _keys(fwd_gm, n_inputs).items() if op_name(n.target) in PRODUCTS}
+    grads = set([n for n in joint_gm.graph.nodes if n.op == "placeholder"][n_inputs:])
+    needed = upstream(joint_gm.graph.find_nodes(op="output")[0].args[0][n_outputs:])
+    out = []
+    for n, k in _keys(joint_gm, n_inputs).items():
+        recomputed = op_name(n.target) in PRODUCTS and n in needed and not (upstream([n]) & grads)
+        f = fwd_keys.get(k) if recomputed else None
+        if f is not None and all(f is not g for _, g in out):
+            out.append((n, f))
     return out
 
 

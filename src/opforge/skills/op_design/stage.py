@@ -149,16 +149,23 @@ def _saved_json(build) -> dict | None:
     s = build.saved
     if s is None:
         return None
+    if s.what == "products":
+        return {"products": [n.removeprefix("saved_") for n in s.names], "saved": True,
+                "bytes_saved": s.bytes_saved, "flops_saved": s.flops_saved}
     return {"statistics": [n.removeprefix("saved_") for n in s.names], "saved": s.bytes_saved > 0,
             "bytes_saved": s.bytes_saved, "backward_looped_walks": {"recomputed": s.walks[0], "saved": s.walks[1]}}
 
 
 def _saved_md(build, binding) -> list[str]:
-    """The per-row statistics choice (codegen/saved.py), with its bytes at the deciding shape."""
+    """What the forward saves for the backward (codegen/saved.py), with its bytes at the deciding shape."""
     s = build.saved
     if s is None:
         return []
     stats = ", ".join(f"`{n.removeprefix('saved_')}`" for n in s.names)
+    if s.what == "products":
+        return [f"Matrix products the backward needs: {stats}. The forward stores them (float32) and the backward "
+                f"reads them: at {binding} recomputing them would read {s.bytes_saved:,} more bytes of operands and "
+                f"redo {s.flops_saved:,} flops.", ""]
     head = (f"Per-row statistics the backward would recompute: {stats} (one float32 per row each). At {binding} "
             f"a looped row's backward walks it {s.walks[0]} time(s) recomputing them, {s.walks[1]} reading them")
     if s.bytes_saved > 0:
