@@ -14,7 +14,7 @@ import yaml
 from test_catalog import reduction_tolerance
 
 from opforge.codegen.build import generate_impl, plan_request
-from opforge.codegen.gemm import GemmStage, GlueStage, HostView
+from opforge.codegen.gemm import GemmStage, GlueStage, HostView, einsum_problem
 from opforge.request import load_request
 from opforge.verify.metrics import compare
 from opforge.workspace import load_module
@@ -138,3 +138,25 @@ def test_every_gemm_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills(
             assert b["spill_bytes"] == 0, b
         for b in gemms:
             assert b["wgmma"] > 0, b  # Hopper's warpgroup matrix instructions, not FMA loops
+
+
+@pytest.mark.parametrize("equation, problem", [
+    ("bnk,bkm->bnm", None), ("ij,jk", None), ("bhqd,bhkd->bhqk", None), ("...ij,...jk->...ik", None),
+    ("bnk,bkm->b", "sums index n"), ("ii,ij->j", "repeats index i"), ("ij,jk,kl->il", "multiplies 3 operands")])
+def test_einsums_are_told_apart_by_whether_they_are_one_product(equation, problem):
+    got = einsum_problem(equation)
+    assert (got is None) if problem is None else (got is not None and got.startswith(problem)), got
+
+
+def test_an_einsum_the_engine_cannot_fuse_is_refused_by_name_at_stage_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from opforge.cli import app
+
+    path = _request(tmp_path, "ein", {"a": ["B", "N", "K"], "b": ["B", "K", "M"]},
+                    'return torch.einsum("bnk,bkm->b", a, b)', {"B": 3, "N": 64, "K": 32, "M": 48})
+    res = CliRunner().invoke(app, ["op", "run", str(path), "--out", str(tmp_path / "ws")])
+    assert res.exit_code == 2, res.output  # BLOCKED_API, no traceback
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("BLOCKED_API: torch.einsum('bnk,bkm->b') sums index n within one operand"), last
+    assert "Traceback" not in res.output

@@ -49,8 +49,14 @@ class SizeSafeFunctionals(TorchFunctionMode):
 
     TABLE = {F.cross_entropy: _cross_entropy}
 
+    def __init__(self):
+        super().__init__()
+        self.einsums: list[str] = []  # equations, for stage 2 to name an einsum it cannot fuse
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.einsum and args and isinstance(args[0], str):
+            self.einsums.append(args[0])
         rewrite = self.TABLE.get(func)
         if rewrite is not None:
             out = rewrite(*args, **kwargs)

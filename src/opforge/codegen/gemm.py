@@ -39,6 +39,27 @@ VIEW_METHODS = {"aten.t.default": "t", "aten.transpose.int": "transpose", "aten.
                 "aten.squeeze.dims": "squeeze"}
 
 
+def einsum_problem(equation: str) -> str | None:
+    """Why an einsum is not one (batched) matrix product the GEMM stage computes, or None when it is: two
+    operands, no index twice in one (a diagonal), none summed within one operand alone."""
+    eq = equation.replace(" ", "").replace("...", "")
+    ins, _, out = eq.partition("->")
+    operands = ins.split(",")
+    if len(operands) != 2:
+        return f"multiplies {len(operands)} operands; one product of two is fused"
+    for op in operands:
+        twice = sorted({c for c in op if op.count(c) > 1})
+        if twice:
+            return f"repeats index {twice[0]} within an operand (a diagonal)"
+    if not out and "->" not in eq:  # implicit output: the indices that occur once, in order
+        out = "".join(sorted(c for c in ins if c.isalpha() and ins.count(c) == 1))
+    for a, b in (operands, operands[::-1]):
+        alone = sorted(c for c in a if c not in b and c not in out)
+        if alone:
+            return f"sums index {alone[0]} within one operand, outside the product"
+    return None
+
+
 def has_products(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and op_name(n.target) in PRODUCTS for n in gm.graph.nodes)
 
@@ -432,7 +453,8 @@ def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
 def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, results: list, members: set):
     """The product whose glue runs in its epilogue: the glue is pointwise (one flat kernel, no reductions),
     reads this product at the product's own shape and every other full input at that shape too, and nothing
-    else reads the product but the pass's output (then the epilogue stores it too). The last such product of the depth, so that the others are stored before it."""
+    else reads the product but the pass's output (then the epilogue stores it too). The last such product of
+    the depth, so that the others are stored before it."""
     if not glue_nodes or not prods:
         return None
     for p in reversed(prods):

@@ -108,8 +108,9 @@ def run_reference(req: Request, fn, tensors, attrs):
 def _make_fx(req: Request, f, args):
     where = f"{req.reference_file}:{req.reference_func}"
     try:
-        with SizeSafeFunctionals():
+        with SizeSafeFunctionals() as mode:
             gm = make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*args)
+        gm.meta["einsums"] = mode.einsums
     except InputError:
         raise
     except Exception as exc:

@@ -11,7 +11,7 @@ from collections import Counter
 
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
-from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView
+from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView, einsum_problem
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.trace import trace_request
@@ -242,6 +242,12 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
             build = plan_request(req, traced)
         except Unsupported as exc:
             unsupported, why = exc.ops or ["(pattern)"], exc.why
+    if unsupported:  # the reference's own words for a product it cannot fuse, before the ATen ops it became
+        for eq in traced.forward.meta.get("einsums", []):
+            problem = einsum_problem(eq)
+            if problem:
+                unsupported, why = [f"torch.einsum({eq!r})"] + unsupported, f"torch.einsum({eq!r}) {problem}; {why}"
+                break
     cost = cost_model(req, traced, build) if build else []
     report = {"op_name": req.name, "ops": rows, "unsupported": unsupported, "unsupported_reason": why if unsupported
               else None, "cost": cost,
