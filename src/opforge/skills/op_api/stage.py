@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from opforge.bench.roofline import classify, describe
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView, einsum_problem
@@ -140,6 +141,7 @@ def cost_model(req: Request, traced, build) -> list[dict]:
             for p in ("forward", "backward"):
                 if p in row:
                     row[p]["arithmetic_intensity"] = round(row[p]["flops"] / max(1, row[p]["fused_bytes"]), 3)
+                    row[p]["roofline"] = classify(row[p]["flops"], row[p]["fused_bytes"], dt)
                     plan = build.forward if p == "forward" else build.backward
                     row[p]["row_passes"] = plan.walks
             rows.append(row)
@@ -148,6 +150,9 @@ def cost_model(req: Request, traced, build) -> list[dict]:
 
 def _layout_notes(build) -> list[str]:
     """Constraints and tiling, as the planner chose them for this request."""
+    staged = [p for p in (build.forward, build.backward) if p is not None and p.layout == "staged"]
+    if staged:
+        return _staged_notes(staged)
     rows = [k for p in (build.forward, build.backward) if p is not None and p.layout == "rows"
             for k in kernels_of(p)]
     why = [w for p in (build.forward, build.backward) if p is not None for w in p.why]
@@ -189,6 +194,28 @@ def _layout_notes(build) -> list[str]:
     return out
 
 
+def _staged_notes(plans: list) -> list[str]:
+    """Constraints and tiling of passes cut at their matrix products."""
+    out = ["## Constraints", "",
+           "- Shapes are run-time arguments; GEMM row and column indices are int64, so strides times indices "
+           "cannot wrap past 2³¹.",
+           "- Products accumulate in float32 (`tl.dot`); 16-bit operands multiply on the tensor cores in their "
+           "dtype, a float32 operator's in IEEE float32; values handed between stages are float32 buffers.",
+           "- Operands and outputs are read through their strides: transposes, permutes, views and broadcasts "
+           "around a product are views the launcher takes, never copies.", "", "## Tiling", ""]
+    for p in plans:
+        for st in p.gemms:
+            what = "batched product" if st.batched else "product"
+            epi = f", then {len(st.epilogue.body)} fused statements on the tile" if st.epilogue else ""
+            out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{epi}; stores {', '.join(st.writes)}.")
+        for g in p.glue:
+            out.append(f"- {g.name}: glue between products, a {g.layout} plan.")
+    out += ["- A GEMM program owns a BLOCK_M × BLOCK_N = 128 × 128 tile and walks K in BLOCK_K = 32 steps "
+            "(8 warps, 3 pipeline stages); programs run in groups of GROUP_M = 8 tile rows, which share B's "
+            "columns in L2.", ""]
+    return out
+
+
 def _md(req, rows, unsupported, why, cost, build) -> str:
     lines = [f"# API report: {req.name}", "", "## ATen ops → Triton", "",
              "| ATen op | forward | joint fwd+bwd | kind | Triton | bit-exact |", "|---|---|---|---|---|---|"]
@@ -210,7 +237,8 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
               "Fused launches count every device event: kernels, and the memsets that zero the buffers where "
               "programs meet.", "",
               "| shape | dtype | pass | fused launches (memsets) | fused bytes | eager kernels | eager bytes | "
-              "eager/fused bytes | flops/byte |", "|---|---|---|---|---|---|---|---|---|"]
+              "eager/fused bytes | flops | flops/byte | bound | floor µs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cost:
         for p in ("forward", "backward"):
             if p not in c:
@@ -219,14 +247,20 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
             launches = f"{x['fused_kernels']} ({x.get('fused_memsets', 0)})"
             lines.append(f"| {c['binding']} | {c['dtype']} | {p} | {launches} | {x['fused_bytes']:,} | "
                          f"{x['eager_kernels']} | {x['eager_bytes']:,} | {x['eager_bytes'] / x['fused_bytes']:.1f}× | "
-                         f"{x['arithmetic_intensity']} |")
+                         f"{x['flops']:,} | {x['arithmetic_intensity']} | {x['roofline']['bound']} | "
+                         f"{x['roofline']['floor_us']} |")
     if cost:
         c = cost[0]
         lines += ["", f"Eager kernels at {c['binding']}, {c['dtype']}:", ""]
         lines += [f"- {p}: " + (", ".join(f"`{op}`" for op in c[p]["eager_ops"]) or "none")
                   for p in ("forward", "backward") if p in c]
-    lines += ["", "Arithmetic intensity is far below any GPU's flops/byte ridge: the kernels are memory-bound, "
-                  "so the fused kernel's figure of merit is bandwidth against the device's copy ceiling.", ""]
+    lines += ["", describe(), ""]
+    compute = sorted({f"{c['dtype']} {p}" for c in cost for p in ("forward", "backward")
+                      if p in c and c[p]["roofline"]["bound"] == "compute"})
+    lines += [("Compute-bound at these shapes: " + ", ".join(compute) + ": the products' tensor-core throughput is "
+               "the figure of merit, not bandwidth.") if compute else
+              "Every pass is memory-bound at these shapes: the fused kernels' figure of merit is bandwidth against "
+              "the device's copy ceiling.", ""]
     return "\n".join(lines)
 
 

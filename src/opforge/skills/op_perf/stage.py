@@ -16,6 +16,7 @@ import torch
 from opforge.bench.aot import FIGURE_COLUMNS, figure_cells, shape_label
 from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
+from opforge.bench.roofline import classify, describe
 from opforge.bench.timing import device_name
 from opforge.request import Request
 from opforge.skills.op_develop.stage import render_readme
@@ -244,15 +245,18 @@ def _md(req: Request, perf: dict) -> str:
         lines += ["", "GB/s: the cost model's bytes for the fused kernel over its median time. 'backward derived' is "
                       "the difference of the forward+backward and forward medians.", ""]
     lines += ["", "## Bytes and launches: eager against fused (cost model, API_REPORT.md)", "",
-              "| shape | dtype | pass | eager launches | fused launches | eager bytes | fused bytes | ratio |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| shape | dtype | pass | eager launches | fused launches | eager bytes | fused bytes | ratio | "
+              "flops/byte | bound | roofline floor µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in perf["rows"]:
         for p in ("forward", "backward"):
             c = r["cost"].get(p)
             if c:
+                roof = c.get("roofline") or classify(c.get("flops", 0), c["fused_bytes"], r["dtype"])
                 lines.append(f"| {r['binding']} | {r['dtype']} | {p} | {c['eager_kernels']} | {c['fused_kernels']} | "
                              f"{c['eager_bytes']:,} | {c['fused_bytes']:,} | "
-                             f"{c['eager_bytes'] / c['fused_bytes']:.1f}× |")
+                             f"{c['eager_bytes'] / c['fused_bytes']:.1f}× | {roof['intensity']} | {roof['bound']} | "
+                             f"{roof['floor_us']} |")
+    lines += ["", describe()]
     lines += _md_compiled(perf.get("compiled"))
     t = perf["tuning"]
     lines += ["", "For memory-bound kernels the byte ratio bounds the speedup over eager from above once "
