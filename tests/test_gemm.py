@@ -113,6 +113,15 @@ def test_mla_prolog_matches_float64_through_six_products_two_norms_and_two_ropes
     _check(req, impl, binding, dtype, max(binding.values()))
 
 
+def test_products_sharing_an_operand_with_its_transpose(tmp_path):
+    # x·xᵀ: both operands are x, one through a launcher transpose; its gradient g·x + gᵀ·x is two more
+    path = _request(tmp_path, "gram", {"x": ["N", "K"]}, "return torch.tanh(x @ x.t())", {"N": 48, "K": 40})
+    req, build, impl = _impl(path, tmp_path)
+    assert build.forward.gemms[0].a == "x" and build.forward.gemms[0].epilogue is not None
+    for dtype in (torch.float32, torch.bfloat16):
+        _check(req, impl, {"N": 21, "K": 37}, dtype, 37)
+
+
 def test_operands_of_the_wrong_size_are_refused_with_the_product_named(tmp_path):
     _, _, impl = _impl(EXAMPLES / "linear_gelu", tmp_path)
     with pytest.raises((ValueError, RuntimeError), match="cannot multiply|expected"):

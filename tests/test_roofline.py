@@ -26,11 +26,12 @@ def test_a_float32_product_meets_a_ridge_lower_by_the_tensor_cores_it_does_not_u
 
 
 def test_the_api_report_classifies_each_pass_of_a_matrix_product():
+    from test_gemm import EXAMPLES
+
     from opforge.codegen.build import plan_request
     from opforge.codegen.trace import trace_request
     from opforge.request import load_request
     from opforge.skills.op_api.stage import _md, _op_rows, cost_model
-    from test_gemm import EXAMPLES
 
     req = load_request(EXAMPLES / "linear_gelu")
     traced = trace_request(req)
