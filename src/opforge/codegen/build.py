@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from opforge.codegen.attention import absorbed
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
 from opforge.codegen.gemm import StagedPlan, has_products, operands, plan_staged
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
@@ -86,9 +87,9 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     a second one that adds their partial rows) and memsets or fills (the zeroed ticket and accumulators of a
     kernel whose programs meet, a max or min accumulator's identity, the zeroed partial rows of rows too long
     for registers)."""
-    if plan.layout == "staged":  # one kernel a GEMM stage, and what each glue stage launches
+    if plan.layout == "staged":  # one kernel a GEMM or attention stage, and what each glue stage launches
         glue = [device_events(p, subs, max_block_c) for p in plan.glue]
-        return {"kernels": len(plan.gemms) + sum(g["kernels"] for g in glue),
+        return {"kernels": len(plan.gemms) + len(plan.attentions) + sum(g["kernels"] for g in glue),
                 "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):
@@ -189,7 +190,9 @@ def _save_stats(req: Request, build: Build) -> None:
 def _save_products(req: Request, build: Build) -> None:
     """Plan the pair again with the forward's matrix products handed to the backward (codegen/saved.py)."""
     t = build.traced
-    pairs = forward_products(t.forward, t.joint, len(t.input_names), len(t.output_names))
+    inside = absorbed(t.forward)  # a product inside an attention kernel is never in memory to save
+    pairs = [(b, f) for b, f in forward_products(t.forward, t.joint, len(t.input_names), len(t.output_names))
+             if f.name not in inside]
     if not pairs:
         return
     names = [f"saved_{f.name}" for _, f in pairs]

@@ -11,6 +11,8 @@ import re
 import textwrap
 
 from opforge.codegen.across import finish, helpers, launch_setup, meet
+from opforge.codegen.attention import AttentionStage
+from opforge.codegen.emit_attention import ATTENTION_KNOBS, emit_attention_kernel, emit_attention_launcher
 from opforge.codegen.emit_gemm import GEMM_KNOBS, emit_gemm_kernel, emit_gemm_launcher
 from opforge.codegen.emit_rows import (
     COLUMN_SUMS,
@@ -234,8 +236,9 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
 
 def _kernel_source(op: str, plan) -> str:
     if plan.layout == "staged":
-        return "\n\n".join(emit_gemm_kernel(op, s) if isinstance(s, GemmStage) else _kernel_source(op, s.plan)
-                           for s in plan.steps if not isinstance(s, HostView))
+        return "\n\n".join(emit_gemm_kernel(op, s) if isinstance(s, GemmStage) else
+                           emit_attention_kernel(op, s) if isinstance(s, AttentionStage) else
+                           _kernel_source(op, s.plan) for s in plan.steps if not isinstance(s, HostView))
     if plan.chained:
         return "\n\n".join(_kernel_source(op, k) for k in plan.kernels)
     if plan.layout == "rows":
@@ -280,9 +283,12 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
             calls.append(f"    {step.target} = {step.args[0]}.{VIEW_METHODS[step.op]}({', '.join(step.args[1:])})")
             have.append(step.target)
             continue
-        sub = f"_{op}_{step.name if isinstance(step, GemmStage) else step.plan.name}"
+        sub = f"_{op}_{step.name if isinstance(step, (GemmStage, AttentionStage)) else step.plan.name}"
         if isinstance(step, GemmStage):
             parts.append(emit_gemm_launcher(op, step, sub, have, attrs))
+            outs = step.writes
+        elif isinstance(step, AttentionStage):
+            parts.append(emit_attention_launcher(op, step, sub, have, attrs))
             outs = step.writes
         else:
             parts.append(_launcher_source(op, step.plan, step.plan.dims, sub, have, attrs))
@@ -448,6 +454,7 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
     parts.append(helpers(set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else []), ordered))
     parts.append(COLUMN_SUMS if any(p.column_sums for p in plans) else "")
     parts.append("\n\n" + GEMM_KNOBS if any(p.layout == "staged" for p in plans) else "")
+    parts.append("\n\n" + ATTENTION_KNOBS if any(p.layout == "staged" and p.attentions for p in plans) else "")
     parts.append(ROWS_VIEW if leading else "")
     parts.append('''
 

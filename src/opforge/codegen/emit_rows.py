@@ -100,7 +100,13 @@ class _Emitter:
                 val = a.meta.get("val")
                 if isinstance(val, torch.SymInt):  # torch's simplified value: numel // size is a size, not a division
                     return f"({src(val.node.expr, self.p.symbols)})"
-                if real and SYM_OPS[t] in "+-*":
+                if op_name(t) == "operator.pow":  # a scale such as D ** -0.5: Triton has no ** on tensors
+                    base, e = self.sym(a.args[0], True), a.args[1]
+                    if e in (0.5, -0.5):
+                        root = f"tl.sqrt_rn({base})"
+                        return root if e > 0 else f"tl.div_rn(1.0, {root})"
+                    return f"tl.exp2({self.sym(e, True)} * tl.log2({base}))"
+                if real and SYM_OPS[t] in ("+", "-", "*"):
                     return f"({self.sym(a.args[0], True)} {SYM_OPS[t]} {self.sym(a.args[1], True)})"
                 text = f"({self.sym(a.args[0])} {SYM_OPS[t]} {self.sym(a.args[1])})"
                 return f"({text} * 1.0)" if real else text

@@ -21,11 +21,13 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv
 
+from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention
 from opforge.codegen.ops import OP_TABLE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, pysrc
 
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
+STAGES = PRODUCTS | {ATTENTION}  # what a stage of its own computes: a product, a recognised attention
 # views the launcher takes with torch when they lead only to products, outputs and other such views
 HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
               "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.detach.default",
@@ -135,8 +137,12 @@ class StagedPlan(PlanOfParts):
         return [s for s in self.steps if isinstance(s, GemmStage)]
 
     @property
+    def attentions(self) -> list:
+        return [s for s in self.steps if isinstance(s, AttentionStage)]
+
+    @property
     def kernels(self) -> list:
-        return self.gemms + [k for p in self.glue for k in p.kernels]
+        return self.gemms + self.attentions + [k for p in self.glue for k in p.kernels]
 
     @property
     def walks(self) -> int:
@@ -149,6 +155,8 @@ class StagedPlan(PlanOfParts):
         for s in self.steps:
             if isinstance(s, GemmStage):
                 out += [(v, "read") for v in [s.a, s.b] + s.tiles_in + s.scalars] + [(v, "write") for v in s.writes]
+            elif isinstance(s, AttentionStage):
+                out += [(v, "read") for v in s.reads] + [(v, "write") for v in s.writes]
             elif isinstance(s, GlueStage):
                 out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
         return out
@@ -181,7 +189,7 @@ def _depths(gm) -> dict:
     depth: dict = {}
     for n in gm.graph.nodes:  # sizes are known from the inputs, whatever value the trace read them off
         d = 0 if _symbolic(n) else max((depth[a] for a in n.all_input_nodes), default=0)
-        depth[n] = d + 1 if n.op == "call_function" and op_name(n.target) in PRODUCTS else d
+        depth[n] = d + 1 if n.op == "call_function" and op_name(n.target) in STAGES else d
     return depth
 
 
@@ -231,6 +239,10 @@ def _closure(nodes: list) -> list:
 def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], outputs: list[tuple[str, int]],
                 like: dict, plan_glue) -> StagedPlan:
     """`plan_glue(name, gm, input_names, outputs, like)` plans a glue subgraph (build.plan_pass)."""
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    gm = torch.fx.GraphModule(gm, g)  # attention regions are replaced in a copy: the trace stays as it was
+    fuse_attention(gm)
     graph = gm.graph
     placeholders = graph.find_nodes(op="placeholder")
     out_node = graph.find_nodes(op="output")[0]
@@ -256,8 +268,8 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             needed.add(n)
             stack += [a for a in n.all_input_nodes if not _symbolic(n) or _symbolic(a)]
     compute = [n for n in graph.nodes if n in needed and n.op == "call_function" and n not in host
-               and op_name(n.target) not in PRODUCTS and not _free(n)]
-    products = [n for n in graph.nodes if n in needed and n.op == "call_function" and op_name(n.target) in PRODUCTS]
+               and op_name(n.target) not in STAGES and not _free(n)]
+    products = [n for n in graph.nodes if n in needed and n.op == "call_function" and op_name(n.target) in STAGES]
     steps: list = []
     done: set = set(placeholders)
     count = iter(range(len(graph.nodes)))  # names the kernels: {name}_0, {name}_1, ...
@@ -286,14 +298,18 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             fused = _fusable(prods, part, g_inputs, g_outputs, results, members)
             groups.append((part, g_inputs, g_outputs, fused, sizes))
         for p in prods:
-            for a in p.args[:3]:
+            for a in (p.args if op_name(p.target) == ATTENTION else p.args[:3]):
                 if isinstance(a, torch.fx.Node):
                     need(a)
         epilogues = {g[3] for g in groups}
         for p in prods:
-            if p not in epilogues:
+            if p in epilogues:
+                continue
+            if op_name(p.target) == ATTENTION:
+                steps.append(_attention(f"{name}_{next(count)}", p, names, result_like, placeholders))
+            else:
                 steps.append(_gemm(f"{name}_{next(count)}", p, names, result_like))
-                done.add(p)
+            done.add(p)
         for part, g_inputs, g_outputs, fused, sizes in groups:
             sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes)
             plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
@@ -417,7 +433,7 @@ def _host_arg(a, names: dict, placeholders: list):
         return "[" + ", ".join(_host_arg(x, names, placeholders) for x in a) + "]"
     if not isinstance(a, torch.fx.Node):
         return repr(a)
-    if not _symbolic(a):
+    if isinstance(a.meta.get("val"), torch.Tensor):
         return names[a]
     op = op_name(a.target)
     if op == "aten.sym_size.int" and a.args[0].op == "placeholder":
@@ -427,6 +443,8 @@ def _host_arg(a, names: dict, placeholders: list):
         return pysrc(expr, {sym: f"{names[t]}.size({d})" for sym, (t, d) in where.items()})
     if op == "aten.sym_numel.default":
         return f"{_host_arg(a.args[0], names, placeholders)}.numel()"
+    if op == "torch.sym_float":
+        return f"float({_host_arg(a.args[0], names, placeholders)})"
     if a.target in SYM_OPS:
         left, right = (_host_arg(x, names, placeholders) for x in a.args[:2])
         return f"({left} {SYM_OPS[a.target]} {right})"
@@ -436,6 +454,24 @@ def _host_arg(a, names: dict, placeholders: list):
 def operands(p) -> tuple:
     """A product node's A and B (addmm's bias comes first)."""
     return tuple(p.args[1:3]) if op_name(p.target) == "aten.addmm.default" else tuple(p.args[:2])
+
+
+def _attention(name: str, p, names: dict, result_like: dict, placeholders: list) -> AttentionStage:
+    region = p.meta["attention"]
+    side, kinds, sizes = [], [], {}
+    for s in region.side:
+        val = s.meta["val"]
+        if not isinstance(val, torch.Tensor):
+            kinds.append("size")
+            sizes[names[s]] = _host_arg(s, names, placeholders)
+        else:
+            kinds.append("scalar" if val.numel() == 1 else "tile")
+        side.append(names[s])
+    attrs = sorted({str(a) for n in region.score.graph.nodes for a in n.args if type(a).__name__ == "AttrRef"})
+    q, k = region.q.meta["val"], region.k.meta["val"]
+    return AttentionStage(name, names[p], names[region.q], names[region.k], names[region.v], region.score, side,
+                          kinds, sizes, names[region.sinks] if region.sinks is not None else None,
+                          result_like.get(p), list(p.meta["val"].shape), k.shape[2], q.shape[3], attrs)
 
 
 def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
@@ -458,7 +494,8 @@ def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, res
     if not glue_nodes or not prods:
         return None
     for p in reversed(prods):
-        if p not in g_inputs or any(u not in members and u.op != "output" for u in p.users):
+        if op_name(p.target) not in PRODUCTS or p not in g_inputs or any(
+                u not in members and u.op != "output" for u in p.users):
             continue
         shape = tuple(p.meta["val"].shape)
         fine = all(tuple(a.meta["val"].shape) in (shape, ()) or a.meta["val"].numel() == 1 for a in g_inputs)

@@ -247,6 +247,7 @@ OP_TABLE: dict[str, OpRule] = {
     "operator.floordiv": OpRule(SYMBOLIC, None, True, "//"),
     "operator.truediv": OpRule(SYMBOLIC, None, True, "/"),
     "torch.sym_float": OpRule(SYMBOLIC, None, True, "(float)"),
+    "operator.pow": OpRule(SYMBOLIC, None, False, "tl.sqrt_rn for ±1/2, else tl.exp2/log2"),
 }
 
 REDUCE_KIND = {

@@ -212,12 +212,14 @@ def check_output(oname: str, node) -> None:
 
 
 def unsupported_ops(graph: torch.fx.Graph) -> list[str]:
-    """Ops of `graph` no planner lowers. Matrix products, and the views around them that the staged planner
-    takes as strides, count as lowered where the graph has a product (codegen/gemm.py); a view it cannot take
-    so is refused by name when its glue is planned."""
+    """Ops of `graph` no planner lowers. Matrix products, the views around them that the staged planner
+    takes as strides, and the position masks an attention kernel computes count as lowered where the graph has
+    a product (codegen/gemm.py, codegen/attention.py); one outside a recognised place is refused by name when
+    its glue is planned."""
+    from opforge.codegen.attention import IN_ATTENTION
     from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS
 
-    staged = PRODUCTS | HOST_VIEWS if any(
+    staged = PRODUCTS | HOST_VIEWS | IN_ATTENTION if any(
         n.op == "call_function" and op_name(n.target) in PRODUCTS for n in graph.nodes) else set()
     names = []
     for n in graph.nodes:

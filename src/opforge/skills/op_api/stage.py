@@ -101,6 +101,7 @@ def _flops(plan, gm, req, binding, n_elem: int) -> int:
     for st in plan.gemms:
         n = shape_numel(st.shape, subs)
         total += 2 * n * shape_numel([st.k], subs) + (len(st.epilogue.body) * n if st.epilogue else 0)
+    total += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in plan.attentions)
     return total + sum(len(p.body + p.epilogue) * n_elem for p in plan.glue)
 
 
@@ -208,6 +209,10 @@ def _staged_notes(plans: list) -> list[str]:
             what = "batched product" if st.batched else "product"
             epi = f", then {len(st.epilogue.body)} fused statements on the tile" if st.epilogue else ""
             out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{epi}; stores {', '.join(st.writes)}.")
+        for st in p.attentions:
+            out.append(f"- {st.name}: attention {st.node} = softmax(score({st.q}·{st.k}ᵀ))·{st.v}, one program per "
+                       "64 queries of a (batch, head), keys walked 64 at a time with an online softmax; the scores "
+                       "are never written.")
         for g in p.glue:
             out.append(f"- {g.name}: glue between products, a {g.layout} plan.")
     out += ["- A GEMM program owns a BLOCK_M × BLOCK_N = 128 × 128 tile and walks K in BLOCK_K = 32 steps "

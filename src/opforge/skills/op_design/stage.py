@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from opforge.codegen.attention import AttentionStage
 from opforge.codegen.build import kernels_of, plan_request
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import GemmStage
@@ -16,9 +17,11 @@ from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 
-def plan_summary(plan: KernelPlan | RowPlan | GemmStage) -> dict:
+def plan_summary(plan: KernelPlan | RowPlan | GemmStage | AttentionStage) -> dict:
     if isinstance(plan, GemmStage):
         return _gemm_summary(plan)
+    if isinstance(plan, AttentionStage):
+        return _attention_summary(plan)
     if plan.layout == "rows":
         return _row_summary(plan)
     return {
@@ -50,6 +53,22 @@ def _gemm_summary(st: GemmStage) -> dict:
         "statements": len(ep.body) if ep else 0,
         "epilogue_fused": ep is not None,
         "runtime_attributes": ep.attrs if ep else [],
+    }
+
+
+def _attention_summary(st: AttentionStage) -> dict:
+    side = [{"name": n, "operand": "broadcast" if k == "tile" else "scalar"}
+            for n, k in zip(st.side, st.kinds) if k != "size"]
+    return {
+        "kernel": st.name,
+        "layout": "attention",
+        "attention": f"{st.node} = softmax(score({st.q} · {st.k}ᵀ)){' with sinks ' + st.sinks if st.sinks else ''}"
+                     f" · {st.v}",
+        "reads": [{"name": n, "operand": "operand"} for n in (st.q, st.k, st.v)] + side
+        + ([{"name": st.sinks, "operand": "one value per head"}] if st.sinks else []),
+        "writes": [{"name": st.node, "operand": "full", "when": "every program, its block of queries"}],
+        "statements": len([n for n in st.score.graph.nodes if n.op == "call_function"]),
+        "runtime_attributes": st.attrs,
     }
 
 
@@ -95,6 +114,13 @@ def _kernel_md(plan) -> list[str]:
         if s["epilogue_fused"]:
             lines.append("- the pointwise work after the product runs on the tile in registers (epilogue): the "
                          "product is never written;")
+        lines.append("")
+        return lines
+    if s["layout"] == "attention":
+        lines.insert(2, f"- attention {s['attention']}: a program owns BLOCK_M queries of one (batch, head) and "
+                        "walks the keys in BLOCK_N blocks, the scores of a block one tl.dot into float32, the score "
+                        "body on them in registers, an online softmax (running max and sum, the output rescaled "
+                        "when the max grows); the scores are never written;")
         lines.append("")
         return lines
     if s["layout"] == "rows":
