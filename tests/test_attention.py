@@ -12,14 +12,12 @@ import pytest
 import torch
 import yaml
 from test_catalog import reduction_tolerance
+from test_gemm import _impl
 
 from opforge.codegen.attention import AttentionStage
-from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.gemm import GemmStage
-from opforge.request import load_request
 from opforge.verify.metrics import compare
 from opforge.verify.tolerance import Tolerance
-from opforge.workspace import load_module
 
 DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cpu")
 
@@ -47,14 +45,6 @@ def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: 
     (d / "reference.py").write_text(f"import torch\n\n\ndef forward({', '.join(inputs)}):\n"
                                     + textwrap.indent(body, "    ") + "\n")
     return d
-
-
-def _impl(path: Path, tmp: Path):
-    req = load_request(path)
-    build = plan_request(req)
-    src = tmp / f"{req.name}_impl.py"
-    src.write_text(generate_impl(req, build))
-    return req, build, load_module(src, src.stem)
 
 
 def _check(req, impl, binding: dict, dtype, k: int):

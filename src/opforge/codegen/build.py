@@ -160,6 +160,16 @@ def _plan_backward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[
                      [(g, n_out + k) for k, g in enumerate(grad_names)], {g: g[len("grad_"):] for g in grad_names})
 
 
+def _plan_saving(req: Request, t: TracedOp, pairs: list, names: list[str]) -> tuple:
+    """The pair planned again with each forward value of `pairs` (backward node, forward node) an extra output
+    of the forward and an input of the backward; (None, None) when that does not plan."""
+    try:
+        return (_plan_forward(req, t, add_outputs(t.forward, [f for _, f in pairs]), names),
+                _plan_backward(req, t, read_instead(t.joint, [b for b, _ in pairs], names), names))
+    except Unsupported:
+        return None, None
+
+
 def _save_stats(req: Request, build: Build) -> None:
     """Plan the pair again with the forward's per-row statistics handed to the backward, and keep that when it
     moves fewer bytes at the request's first P0 shape (codegen/saved.py)."""
@@ -168,11 +178,7 @@ def _save_stats(req: Request, build: Build) -> None:
     if not stats:
         return
     names = [f"saved_{f.name}" for _, f in stats]
-    try:
-        fwd2 = _plan_forward(req, t, add_outputs(t.forward, [f for _, f in stats]), names)
-        bwd2 = _plan_backward(req, t, read_instead(t.joint, [b for b, _ in stats], names), names)
-    except Unsupported:
-        return
+    fwd2, bwd2 = _plan_saving(req, t, stats, names)
     if not (isinstance(fwd2, RowPlan) and isinstance(bwd2, RowPlan)):
         return
     binding = req.p0[0]
@@ -196,10 +202,8 @@ def _save_products(req: Request, build: Build) -> None:
     if not pairs:
         return
     names = [f"saved_{f.name}" for _, f in pairs]
-    try:
-        fwd2 = _plan_forward(req, t, add_outputs(t.forward, [f for _, f in pairs]), names)
-        bwd2 = _plan_backward(req, t, read_instead(t.joint, [b for b, _ in pairs], names), names)
-    except Unsupported:
+    fwd2, bwd2 = _plan_saving(req, t, pairs, names)
+    if fwd2 is None:
         return
     numel = numel_of(t.forward, req, req.p0[0])
     eb = 4 if "float32" in req.dtypes[:1] else 2

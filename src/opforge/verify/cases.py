@@ -76,6 +76,13 @@ def level0_bindings(spec: dict, quick: bool) -> list[dict]:
                                                      for i in spec["inputs"]))
 
 
+def generic_binding(spec: dict) -> dict:
+    """Distinct, unremarkable sizes (33, 37, 41, ...) for tests that need some shape, scaled down like a quick
+    P0 so that the largest input stays small: five symbols of 4-D attention inputs would be 10⁸ elements."""
+    start = {s: 33 + 4 * i for i, s in enumerate(spec["dynamic_axes"])}
+    return quick_p0([start], lambda b: max(math.prod(dim_size(d, b) for d in i["shape"]) for i in spec["inputs"]))[0]
+
+
 def level0_cases(dtypes: list[str], p0: list[dict]) -> list[dict]:
     return [{"id": f"L0-{dt}-{_shape_id(b)}", "level": 0, "binding": b, "dtype": dt, "distribution": "normal"}
             for dt in dtypes for b in p0]

@@ -15,7 +15,7 @@ from opforge.bench.aot import default_arch
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.request import Request
 from opforge.skills.op_precision.summary import per_output_lines
-from opforge.verify.cases import RECORD_ENV, SHIPPED_BLOCKS_UP_TO, read_records
+from opforge.verify.cases import RECORD_ENV, SHIPPED_BLOCKS_UP_TO, generic_binding, read_records
 from opforge.workspace import REQUEST_COPY, StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
@@ -32,7 +32,7 @@ def render_tests(ws: Workspace, spec: dict, design: dict) -> str:
         reduced=repr(spec["reduced_outputs"]), reduced_extent=repr(spec.get("reduced_extent", {})),
         backward=repr(bool(spec["backward"])),
         level0=repr(design["verification"]["level0"]), level1=repr(design["verification"]["level1"]),
-        symbols=repr(spec["dynamic_axes"]), runtime_attrs=repr(spec["runtime_params"]))
+        generic=repr(generic_binding(spec)), runtime_attrs=repr(spec["runtime_params"]))
 
 
 def render_readme(req: Request, spec: dict, precision: dict | None, perf: dict | None = None) -> str:
