@@ -32,7 +32,8 @@ step "catalog kernels against float64 on the GPU"
 workers=()
 "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)  # compiling the kernels dominates: spread it over cores
 OPFORGE_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout "${OPFORGE_CHECK_S:-240}" "$PY" -m pytest -q -p no:cacheprovider \
-  "${workers[@]}" tests/test_catalog.py tests/test_gemm.py -k "matches_float64 or leading_dimensions or test_gemm" \
+  "${workers[@]}" tests/test_catalog.py tests/test_gemm.py tests/test_attention.py \
+  -k "matches_float64 or leading_dimensions or test_gemm or test_attention" \
   --junitxml "$dir/catalog-float64.xml" -o junit_family=xunit2 || failed=1
 
 step "catalog benchmark"
