@@ -89,6 +89,16 @@ def test_an_additive_bias_and_a_softcap_run_on_the_score_tile(tmp_path):
     _check(req, impl, {"B": 2, "H": 3, "S": 33, "T": 70, "D": 16, "E": 20}, torch.float32, 70)
 
 
+def test_three_dimensional_operands_multiplied_with_bmm(tmp_path):
+    # (batch·heads, S, D) tensors and torch.bmm, as older references write it
+    body = "return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.2, dim=-1), v)"
+    path = _request(tmp_path, "bmm_attention", {"q": ["N", "S", "D"], "k": ["N", "T", "D"], "v": ["N", "T", "D"]},
+                    body, {"N": 6, "S": 40, "T": 48, "D": 16})
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and not build.forward.gemms
+    _check(req, impl, {"N": 5, "S": 33, "T": 70, "D": 20}, torch.float32, 70)
+
+
 def test_with_a_backward_the_forward_is_fused_and_the_gradients_match(tmp_path):
     # the backward reads the probabilities, so there the region stays GEMM and glue stages
     body = "return torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1) @ v"

@@ -48,7 +48,7 @@ attention.__module__, attention.__name__ = "opforge", "attention"
 class Region:
     """What a recognised attention computes; held in the replacing node's meta["attention"]."""
 
-    q: torch.fx.Node  # the tensors in memory, 4-D (B, H, S, D)
+    q: torch.fx.Node  # the tensors in memory, 4-D (B, H, S, D) or 3-D (B·H, S, D)
     k: torch.fx.Node
     v: torch.fx.Node
     groups: int  # query heads per K/V head: K/V head = h // groups
@@ -93,10 +93,12 @@ def _operand(node, env, transposed: bool):
     """(tensor in memory, groups) when batch bh of the 3-D operand is base[b, h // groups] (its last two
     dimensions swapped when `transposed`), else None."""
     base, views = _chain(node)
-    if base.meta["val"].dim() != 4:
+    if base.meta["val"].dim() not in (3, 4):
         return None
     x = _example(base, env)
     got = _replay(x, views, env)
+    if x.dim() == 3:  # (batch·heads, S, D): one batch of that many heads
+        x = x[None]
     b, hb = x.shape[:2]
     if got.dim() != 3 or got.shape[0] % b:
         return None
@@ -227,13 +229,14 @@ def _match(p2, env) -> Region | None:
         nodes |= {x} | set(_chain(col)[1])
     else:
         out = x
-    # the scores: the first product viewed 4-D, somewhere under the score body
+    # the scores: the first product, somewhere under the score body
     p1 = next((n for n in _upstream_products(out)), None)
     if p1 is None:
         return None
-    scores = next((u for u in p1.users if op_name(u.target) in _CHAIN), None)
-    if scores is None or scores.meta["val"].dim() != 4 or len(p1.users) != 1:
+    if len(p1.users) != 1:
         return None
+    scores = next(iter(p1.users))  # the product viewed (B, H, Sq, Sk), or itself when the operands are 3-D
+    scores = scores if op_name(scores.target) in _CHAIN and scores.meta["val"].dim() == 4 else p1
     found = _score_nodes(out, scores)
     if found is None:
         return None
@@ -242,6 +245,8 @@ def _match(p2, env) -> Region | None:
     k = _operand(p1.args[1], env, transposed=True)
     vv = _operand(v3, env, transposed=False)
     if not (q and k and vv) or q[1] != 1 or k[1] != vv[1] or k[0].meta["val"].shape[1] != vv[0].meta["val"].shape[1]:
+        return None
+    if len({t[0].meta["val"].dim() for t in (q, k, vv)}) != 1:  # 3-D and 4-D operands would disagree on b
         return None
     nodes |= {p1, scores} | set(body)
     nodes |= set(_chain(p2.args[0])[1]) | set(_chain(p1.args[0])[1]) | set(_chain(p1.args[1])[1]) | set(

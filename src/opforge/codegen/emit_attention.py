@@ -161,6 +161,8 @@ def emit_attention_launcher(op: str, st, fn_name: str, tensor_args: list[str], a
     lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
     b = lines.append
     q, k, v = st.q, st.k, st.v
+    b(f"    if {q}.dim() == 3:  # (batch·heads, S, D): one batch of that many heads")
+    b(f"        {q}, {k}, {v} = {q}.unsqueeze(0), {k}.unsqueeze(0), {v}.unsqueeze(0)")
     b(f"    B, H, SQ, D = {q}.shape")
     b(f"    SK, DV = {k}.shape[2], {v}.shape[3]")
     b(f"    if {k}.shape[-1] != D or {v}.shape[2] != SK or H % {k}.shape[1] or {v}.shape[1] != {k}.shape[1]:")
@@ -178,6 +180,8 @@ def emit_attention_launcher(op: str, st, fn_name: str, tensor_args: list[str], a
     b(f"    dot = _DOT_DTYPE[{q}.dtype]")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
     b("    block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))")
+    b("    if max(block_d, block_dv) > 256 and not INTERPRET:  # a (64, 512) tile of Q, K or V per program")
+    b(f'        raise ValueError(f"{st.node}: head dimensions {{D}} and {{DV}}: the attention kernel takes up to 256")')
     b("    grid = (triton.cdiv(SQ, ATTN_BLOCK_M), B * H)")
     args = [q, k, v, st.node] + [f"{t}_v" for t in tiles] + scalars + ([st.sinks] if st.sinks else [])
     args += ["H", f"H // {k}.shape[1]", "SQ", "SK", "D", "DV", f"*{q}.stride()", f"*{k}.stride()",

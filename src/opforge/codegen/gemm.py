@@ -471,7 +471,7 @@ def _attention(name: str, p, names: dict, result_like: dict, placeholders: list)
     q, k = region.q.meta["val"], region.k.meta["val"]
     return AttentionStage(name, names[p], names[region.q], names[region.k], names[region.v], region.score, side,
                           kinds, sizes, names[region.sinks] if region.sinks is not None else None,
-                          result_like.get(p), list(p.meta["val"].shape), k.shape[2], q.shape[3], attrs)
+                          result_like.get(p), list(p.meta["val"].shape), k.shape[-2], q.shape[-1], attrs)
 
 
 def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
