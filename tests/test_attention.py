@@ -4,7 +4,9 @@ are not multiples of the blocks, in the block sizes that ship."""
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -15,11 +17,13 @@ from test_catalog import reduction_tolerance
 from test_gemm import _impl
 
 from opforge.codegen.attention import AttentionStage
+from opforge.codegen.attention_grad import AttentionBackwardStage
 from opforge.codegen.gemm import GemmStage
 from opforge.verify.metrics import compare
 from opforge.verify.tolerance import Tolerance
 
 DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cpu")
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 GPT_OSS = """\
 b, h, s, d = q.shape
@@ -33,12 +37,14 @@ probs = torch.softmax(logits, dim=-1)[..., :-1]
 return probs @ v"""
 
 
-def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: bool = False) -> Path:
+def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: bool = False,
+             no_grad: tuple = ()) -> Path:
     d = tmp / name
     d.mkdir()
     first = next(iter(inputs))
     doc = {"name": name, "description": f"{name} for the attention tests", "category": "attention",
-           "inputs": {k: {"shape": v, "dtype": ["float32", "bfloat16"] if k == first else f"like {first}"}
+           "inputs": {k: {"shape": v, "dtype": ["float32", "bfloat16"] if k == first else f"like {first}",
+                          **({"requires_grad": False} if k in no_grad else {})}
                       for k, v in inputs.items()},
            "reference": "reference.py:forward", "backward": backward, "shapes": {"p0": [p0]}}
     (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -99,26 +105,75 @@ def test_three_dimensional_operands_multiplied_with_bmm(tmp_path):
     _check(req, impl, {"N": 5, "S": 33, "T": 70, "D": 20}, torch.float32, 70)
 
 
-def test_with_a_backward_the_forward_is_fused_and_the_gradients_match(tmp_path):
-    # the backward reads the probabilities, so there the region stays GEMM and glue stages
-    body = "return torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1) @ v"
-    path = _request(tmp_path, "sdpa", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
-                                       "v": ["B", "H", "S", "D"]}, body, {"B": 2, "H": 3, "S": 40, "D": 16},
-                    backward=True)
+def _gradients(req, impl, binding: dict, dtype):
+    """Outputs and input gradients of the op in `dtype`, of the reference in float64 and of the reference in
+    `dtype` (eager PyTorch), for one upstream gradient."""
+    gen = torch.Generator().manual_seed(5)
+    ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
+    wrt = [s.requires_grad for s in req.inputs]
+
+    def run(f, dt, device):
+        xs = [t.to(dt).to(device).requires_grad_(w) for t, w in zip(ins, wrt)]
+        out = f(*xs)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+        grads = torch.autograd.grad(out, [x for x in xs if x.requires_grad], g.to(dtype).to(out.dtype).to(device))
+        return [t.detach().cpu().double() for t in (out, *grads)]
+
+    names = ["out"] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
+    ref = functools.partial(req.load_reference(), **req.attr_defaults)
+    return names, run(getattr(impl, req.name), dtype, DEVICE), run(ref, torch.float64, "cpu"), run(ref, dtype, "cpu")
+
+
+def _check_backward(req, impl, binding: dict, dtype, k: int):
+    """float32 against float64 within the reduction's tolerance; a 16-bit dtype within twice the error eager
+    PyTorch makes in that dtype (its probabilities, dS and outputs are rounded as the kernels' are)."""
+    names, got, want, eager = _gradients(req, impl, binding, dtype)
+    for name, a, w, e in zip(names, got, want, eager):
+        if dtype == torch.float32:
+            res = compare(a, w, reduction_tolerance(dtype, k, w), name=name)
+            assert res["passed"], f"{req.name} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+        else:
+            err, allowed = float((a - w).abs().max()), 2 * float((e - w).abs().max()) + 1e-6
+            assert err <= allowed, f"{req.name} {dtype} {binding} {name}: {err} > 2 × eager's error ({allowed})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_backward_of_gpt_oss_attention_never_writes_the_scores(tmp_path, dtype):
+    path = _request(tmp_path, "sink_attention", {"q": ["B", "G*R", "S", "D"], "k": ["B", "G", "S", "D"],
+                                                 "v": ["B", "G", "S", "D"], "sinks": ["G*R"]},
+                    GPT_OSS, {"B": 2, "G": 2, "R": 4, "S": 128, "D": 64}, backward=True)
+    req, build, impl = _impl(path, tmp_path)
+    # the backward is one stage: dQ (with each query's log-sum-exp and Δ), dK and dV, the sinks' gradient; no
+    # product and no glue, so no S×S value is ever in memory
+    (bwd,) = build.backward.attentions
+    assert isinstance(bwd, AttentionBackwardStage) and bwd.dsinks and bwd.launches == 3
+    assert not build.backward.gemms and not build.backward.glue
+    _check_backward(req, impl, {"B": 2, "G": 2, "R": 3, "S": 70, "D": 24}, dtype, 70)
+
+
+def test_a_softcap_is_differentiated_on_the_tile_and_a_bias_without_gradient_is_only_read(tmp_path):
+    body = ("s = q @ k.transpose(-1, -2) * 0.125\n"
+            "s = torch.tanh(s / 30.0) * 30.0 + bias\n"
+            "return torch.softmax(s, dim=-1) @ v")
+    inputs = {"q": ["B", "H", "S", "D"], "k": ["B", "H", "T", "D"], "v": ["B", "H", "T", "E"], "bias": ["H", "S", "T"]}
+    path = _request(tmp_path, "biased", inputs, body, {"B": 2, "H": 3, "S": 40, "T": 72, "D": 16, "E": 24},
+                    backward=True, no_grad=("bias",))
+    req, build, impl = _impl(path, tmp_path)
+    assert [type(s) for s in build.backward.attentions] == [AttentionBackwardStage]
+    _check_backward(req, impl, {"B": 2, "H": 3, "S": 33, "T": 70, "D": 16, "E": 20}, torch.float32, 70)
+
+
+def test_a_bias_that_needs_a_gradient_keeps_the_backward_as_products_and_glue(tmp_path):
+    # d(bias) is dS itself, S×S per head, which the attention kernels do not produce: the backward stays as
+    # traced (a bias broadcast over the batch would need dS summed over it, which does not plan yet)
+    body = "return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + bias, dim=-1) @ v"
+    path = _request(tmp_path, "sdpa_bias", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                            "v": ["B", "H", "S", "D"], "bias": ["B", "H", "S", "S"]},
+                    body, {"B": 2, "H": 3, "S": 40, "D": 16}, backward=True)
     req, build, impl = _impl(path, tmp_path)
     assert len(build.forward.attentions) == 1 and not build.forward.gemms
     assert not build.backward.attentions and build.backward.gemms
-    gen = torch.Generator().manual_seed(3)
-    ins = [torch.randn(2, 3, 37, 16, generator=gen, dtype=torch.float64) for _ in range(3)]
-    got_in = [t.float().to(DEVICE).requires_grad_() for t in ins]
-    ref_in = [t.float().double().requires_grad_() for t in ins]
-    got, want = impl.sdpa(*got_in), req.load_reference()(*ref_in)
-    g = torch.randn(want.shape, generator=gen, dtype=torch.float64)
-    got_g = torch.autograd.grad(got, got_in, g.float().to(DEVICE))
-    want_g = torch.autograd.grad(want, ref_in, g)
-    for name, a, b in zip(["out", "grad_q", "grad_k", "grad_v"], [got, *got_g], [want, *want_g]):
-        res = compare(a.detach().cpu(), b, reduction_tolerance(torch.float32, 37, b), name=name)
-        assert res["passed"], f"{name}: max_abs={res['max_abs']}"
+    _check_backward(req, impl, {"B": 2, "H": 3, "S": 37, "D": 16}, torch.float32, 37)
 
 
 def test_probabilities_read_outside_the_region_keep_the_products(tmp_path):
@@ -131,22 +186,24 @@ def test_probabilities_read_outside_the_region_keep_the_products(tmp_path):
     assert not build.forward.attentions and len(build.forward.gemms) == 2
 
 
-def test_the_attention_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills(tmp_path):
+def test_the_attention_kernels_compile_for_sm90_on_the_tensor_cores_without_spills(tmp_path):
     import json
     import subprocess
     import sys
 
     path = _request(tmp_path, "sink_attention", {"q": ["B", "G*R", "S", "D"], "k": ["B", "G", "S", "D"],
                                                  "v": ["B", "G", "S", "D"], "sinks": ["G*R"]},
-                    GPT_OSS, {"B": 2, "G": 2, "R": 4, "S": 128, "D": 64})
+                    GPT_OSS, {"B": 2, "G": 2, "R": 4, "S": 128, "D": 64}, backward=True)
     r = subprocess.run([sys.executable, "-m", "opforge", "bench", "compile", "--request", str(path), "--dtype", "all",
                         "--elements", "0", "--json", "-"], capture_output=True, text=True, timeout=600,
                        cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     builds = [b for op in json.loads(r.stdout)["ops"] for b in op["builds"]]
-    assert len(builds) == 2  # float32 and bfloat16
+    # per dtype: the forward; in the backward dQ, dK/dV and the sinks' gradient
+    assert len(builds) == 2 * 4, [(b["dtype"], b["kernel"]) for b in builds]
     for b in builds:  # float32 multiplies in IEEE float32 (its tolerance), 16-bit dtypes on the tensor cores
-        assert b["spill_bytes"] == 0 and (b["wgmma"] > 0) == (b["dtype"] != "float32"), b
+        products = not b["kernel"].endswith("_dsinks_kernel")
+        assert b["spill_bytes"] == 0 and (b["wgmma"] > 0) == (products and b["dtype"] != "float32"), b
 
 
 def test_a_scale_of_the_head_dimension_to_the_minus_half_is_taken_in_a_row_kernel_too(tmp_path):
@@ -156,3 +213,19 @@ def test_a_scale_of_the_head_dimension_to_the_minus_half_is_taken_in_a_row_kerne
     req, build, impl = _impl(path, tmp_path)
     assert "tl.sqrt_rn" in (tmp_path / "scaled_softmax_impl.py").read_text()
     _check(req, impl, {"N": 7, "D": 37}, torch.float32, 37)
+
+
+def test_the_catalogs_attention_sink_with_a_sliding_window_built_for_it(tmp_path):
+    # the catalog's reference, built for a window of 24: the second mask (tril) is computed from positions too
+    path = tmp_path / "attention_sink"
+    shutil.copytree(EXAMPLES / "attention_sink", path)
+    doc = yaml.safe_load((path / "request.yaml").read_text())
+    doc["attributes"]["sliding_window"]["default"] = 24
+    (path / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and len(build.backward.attentions) == 1
+    assert "cols_ - rows_ <= -24" in (tmp_path / "attention_sink_impl.py").read_text()
+    _check_backward(req, impl, {"B": 1, "G": 2, "R": 2, "S": 70, "D": 16}, torch.float32, 70)
+    with pytest.raises(ValueError, match="sliding_window"):  # built for one window: another is refused by name
+        q, k, v, sinks = (torch.randn(*s) for s in ((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (4,)))
+        impl.attention_sink(q, k, v, sinks, sliding_window=0)

@@ -256,3 +256,13 @@ def test_perf_plot_puts_cpu_times_on_a_log_axis(tmp_path, monkeypatch):
 def test_generated_report_tables_keep_their_columns(built_ws, report):
     md = (built_ws / report).read_text()
     assert table_problems(md) == [], report
+
+
+def test_perf_md_keeps_the_tensor_core_count_of_each_compiled_kernel():
+    from opforge.skills.op_perf.stage import _compiled, _md_compiled
+
+    build = {"dtype": "bfloat16", "binding": {"S": 64}, "pass": "backward", "kernel": "_op_backward_0_dq_kernel",
+             "num_warps": 4, "registers": 172, "spill_bytes": 0, "shared_bytes": 49152, "wgmma": 20}
+    report = {"arch": "sm_90", "toolchain": {"unavailable": None}, "ops": [{"builds": [build]}]}
+    md = "\n".join(_md_compiled(_compiled(report, {"supported_dtypes": ["bfloat16"]})))
+    assert "| 64 | backward | _op_backward_0_dq_kernel | 4 | 172 | 0 | 49152 | — | wgmma ×20 |" in md

@@ -350,6 +350,10 @@ class AttentionStage:
         return [self.node]
 
     @property
+    def launches(self) -> int:
+        return 1
+
+    @property
     def reads(self) -> list[str]:
         return [self.q, self.k, self.v] + [n for n, k in zip(self.side, self.kinds) if k != "size"] + (
             [self.sinks] if self.sinks else [])

@@ -89,7 +89,7 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     for registers)."""
     if plan.layout == "staged":  # one kernel a GEMM or attention stage, and what each glue stage launches
         glue = [device_events(p, subs, max_block_c) for p in plan.glue]
-        return {"kernels": len(plan.gemms) + len(plan.attentions) + sum(g["kernels"] for g in glue),
+        return {"kernels": len(plan.gemms) + sum(a.launches for a in plan.attentions) + sum(g["kernels"] for g in glue),
                 "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):
@@ -136,7 +136,7 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
     check_size_relations(req, traced)
     fwd = _plan_forward(req, traced, traced.forward)
-    bwd = _plan_backward(req, traced, traced.joint) if traced.joint is not None else None
+    bwd = _plan_backward(req, traced, traced.backward_graph) if traced.joint is not None else None
     build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
     if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
         _save_stats(req, build)
@@ -165,7 +165,7 @@ def _plan_saving(req: Request, t: TracedOp, pairs: list, names: list[str]) -> tu
     of the forward and an input of the backward; (None, None) when that does not plan."""
     try:
         return (_plan_forward(req, t, add_outputs(t.forward, [f for _, f in pairs]), names),
-                _plan_backward(req, t, read_instead(t.joint, [b for b, _ in pairs], names), names))
+                _plan_backward(req, t, read_instead(t.backward_graph, [b for b, _ in pairs], names), names))
     except Unsupported:
         return None, None
 
@@ -174,7 +174,7 @@ def _save_stats(req: Request, build: Build) -> None:
     """Plan the pair again with the forward's per-row statistics handed to the backward, and keep that when it
     moves fewer bytes at the request's first P0 shape (codegen/saved.py)."""
     t, fwd, bwd = build.traced, build.forward, build.backward
-    stats = forward_stats(fwd, bwd, t.forward, t.joint, len(t.input_names))
+    stats = forward_stats(fwd, bwd, t.forward, t.backward_graph, len(t.input_names))
     if not stats:
         return
     names = [f"saved_{f.name}" for _, f in stats]
@@ -182,7 +182,7 @@ def _save_stats(req: Request, build: Build) -> None:
     if not (isinstance(fwd2, RowPlan) and isinstance(bwd2, RowPlan)):
         return
     binding = req.p0[0]
-    subs = graph_binding(t.joint, req, binding)
+    subs = graph_binding(t.backward_graph, req, binding)
     n_rows, n_cols = (_size(bwd, e, subs) for e in (bwd.n_rows, bwd.n_cols))
     eb = 4 if "float32" in req.dtypes[:1] else 2
     per_walk = sum(n_rows * n_cols * eb for a in bwd.inputs if a.full)
@@ -197,7 +197,8 @@ def _save_products(req: Request, build: Build) -> None:
     """Plan the pair again with the forward's matrix products handed to the backward (codegen/saved.py)."""
     t = build.traced
     inside = absorbed(t.forward)  # a product inside an attention kernel is never in memory to save
-    pairs = [(b, f) for b, f in forward_products(t.forward, t.joint, len(t.input_names), len(t.output_names))
+    pairs = [(b, f) for b, f in forward_products(t.forward, t.backward_graph, len(t.input_names),
+                                                 len(t.output_names))
              if f.name not in inside]
     if not pairs:
         return

@@ -14,6 +14,7 @@ import textwrap
 
 import torch
 
+from opforge.codegen.attention_grad import PASS_THROUGH, SCORE_VJP, AttentionBackwardStage, score_reading
 from opforge.codegen.emit_rows import launcher_signature
 from opforge.codegen.ops import OP_TABLE, op_name
 from opforge.codegen.plan import Unsupported, _literal
@@ -42,6 +43,12 @@ def attention_kernel_name(op: str, st) -> str:
 def score_statements(st) -> tuple[list[str], str]:
     """The score body as statements on the tile `scores` (query positions `rows`, key positions `cols`), and
     the variable holding its result."""
+    lines, var = _score_program(st)
+    return lines, var[st.score.graph.find_nodes(op="output")[0].args[0]]
+
+
+def _score_program(st) -> tuple[list[str], dict]:
+    """The score body's statements, and the variable (or literal) holding each of its nodes."""
     gm = st.score
     var, lines = {}, []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -87,22 +94,109 @@ def score_statements(st) -> tuple[list[str], str]:
             continue
         lines.append(f"{n.name} = {expr}  # {key}")
         var[n] = n.name
-    out = gm.graph.find_nodes(op="output")[0].args[0]
-    return lines, var[out]
+    return lines, var
+
+
+def score_grad_statements(st, grad: str) -> tuple[list[str], str]:
+    """The score body's derivative: statements taking `grad` (d loss / d result, on the tile) back to the
+    scores, rule by rule (attention_grad.SCORE_VJP) in reverse order, and the variable holding d scores.
+    Only what the scores flow through is differentiated: side inputs take no gradient here."""
+    _, var = _score_program(st)
+    reading = score_reading(st.score)
+    out = st.score.graph.find_nodes(op="output")[0].args[0]
+    scores = next(iter(st.score.graph.nodes))
+    flows = {n: [] for n in [scores] + reading}
+    flows[out].append(grad)
+    lines, taken = [], set()
+
+    def fresh(name: str) -> str:
+        name = name if name not in taken else f"{name}_{len(lines)}"
+        taken.add(name)
+        return name
+
+    def total(node, parts: list[str]) -> str:  # a value read twice: the sum of what each reader hands back
+        if len(parts) == 1:
+            return parts[0]
+        name = fresh(f"d_{node.name}" if node is not scores else "d_scores")
+        lines.append(f"{name} = {' + '.join(parts)}")
+        return name
+
+    for n in reversed(reading):
+        parts = flows.pop(n)
+        if not parts:
+            continue
+        g = total(n, parts)
+        key = op_name(n.target)
+        if key in PASS_THROUGH:
+            flows[n.args[0]].append(g)
+            continue
+        rendered = [var[a] if isinstance(a, torch.fx.Node) else _literal(a) for a in n.args]
+        kwargs = {k: (var[v] if isinstance(v, torch.fx.Node) else _literal(v)) for k, v in n.kwargs.items()
+                  if k == "alpha"}
+        for a, d in zip(n.args, SCORE_VJP[key](rendered, var[n], g, **kwargs)):
+            if d is None or a not in flows:
+                continue
+            if not d.isidentifier():  # else the gradient passes as it is (an add's)
+                name = fresh(f"d_{a.name}" if a is not scores else "d_scores")
+                lines.append(f"{name} = {d}  # {key}'s derivative")
+                d = name
+            flows[a].append(d)
+    return lines, total(scores, flows[scores] or ["0.0"])
+
+
+def _kinds(st, kind: str) -> list[str]:
+    return [n for n, k in zip(st.side, st.kinds) if k == kind]
+
+
+def _side_params(st, sinks: bool = True) -> tuple[list[str], list[str]]:
+    """The score body's pointer parameters (and the sinks'), and its strides, sizes and attributes (after the
+    kernel's own)."""
+    tiles, scalars = _kinds(st, "tile"), _kinds(st, "scalar")
+    sinks = sinks and bool(st.sinks)
+    ptrs = [f"{n}_ptr" for n in tiles + scalars] + (["sinks_ptr"] if sinks else [])
+    rest = [f"{n}_{s}" for n in tiles for s in ("sb", "sh", "sm", "sn")] + (["sinks_sh"] if sinks else [])
+    return ptrs, rest + _kinds(st, "size") + st.attrs
+
+
+def _score_tile(st, indent: str, head: str = "h") -> list[str]:
+    """Statements from the loaded q and kt to `s`, the score body's result on the (rows, cols) tile, keys past
+    the end at -inf: the same in the forward walk and both backward walks."""
+    body, result = score_statements(st)
+    lines = ["scores = tl.dot(q, _dot_operand(kt, DOT_DTYPE), input_precision=PRECISION)",
+             "rows_, cols_ = rows[:, None], cols[None, :]"]
+    tiles = _kinds(st, "tile")
+    if tiles:
+        lines.append("inside = (rows_ < SQ) & (cols_ < SK)")
+    for n in tiles:
+        lines += [f"{n} = _to_f32(tl.load({n}_ptr + b * {n}_sb + {head} * {n}_sh + rows_ * {n}_sm + cols_ * {n}_sn,",
+                  "                     mask=inside, other=0.0))"]
+    lines += [x.replace("cols - rows", "cols_ - rows_") for x in body]
+    lines.append(f"s = tl.where(cols_ < SK, {result}, -float('inf'))  # keys past the end take no weight")
+    return [indent + x for x in lines]
+
+
+def _load(name: str, ptr: str, index: str, mask: str, indent: str, dot: bool = False) -> list[str]:
+    lines = [f"{indent}{name} = tl.load({ptr} + {index},", f"{indent}            mask={mask}, other=0.0)"]
+    return lines + ([f"{indent}{name} = _dot_operand({name}, DOT_DTYPE)"] if dot else [])
+
+
+_CONSTEXPRS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr", "BLOCK_DV: tl.constexpr",
+               "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
+_QKV_STRIDES = [f"{t}_{s}" for t in ("q", "k", "v") for s in ("sb", "sh", "sm", "sd")]
+_Q = "b * q_sb + h * q_sh + rows[:, None] * q_sm + rd[None, :] * q_sd"
+_Q_MASK = "(rows[:, None] < SQ) & (rd[None, :] < D)"
+_KT = "b * k_sb + kv * k_sh + cols[None, :] * k_sm + rd[:, None] * k_sd"
+_KT_MASK = "(cols[None, :] < SK) & (rd[:, None] < D)"
 
 
 def emit_attention_kernel(op: str, st) -> str:
-    tiles = [n for n, kind in zip(st.side, st.kinds) if kind == "tile"]
-    scalars = [n for n, kind in zip(st.side, st.kinds) if kind == "scalar"]
-    sizes = [n for n, kind in zip(st.side, st.kinds) if kind == "size"]
-    params = ["q_ptr", "k_ptr", "v_ptr", "out_ptr"] + [f"{n}_ptr" for n in tiles + scalars]
-    params += (["sinks_ptr"] if st.sinks else []) + ["H", "GROUPS", "SQ", "SK", "D", "DV"]
-    params += [f"{t}_{s}" for t in ("q", "k", "v") for s in ("sb", "sh", "sm", "sd")]
-    params += ["out_sbh", "out_sm", "out_sd"] + [f"{n}_{s}" for n in tiles for s in ("sb", "sh", "sm", "sn")]
-    params += (["sinks_sh"] if st.sinks else []) + sizes + st.attrs
-    params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr", "BLOCK_DV: tl.constexpr",
-               "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
-    body, result = score_statements(st)
+    if isinstance(st, AttentionBackwardStage):
+        return emit_attention_backward_kernels(op, st)
+    ptrs, rest = _side_params(st)
+    scalars = _kinds(st, "scalar")
+    params = ["q_ptr", "k_ptr", "v_ptr", "out_ptr"] + ptrs
+    params += ["H", "GROUPS", "SQ", "SK", "D", "DV"] + _QKV_STRIDES
+    params += ["out_sbh", "out_sm", "out_sd"] + rest + _CONSTEXPRS
     what = "softmax(score(Q·Kᵀ)" + (" with a sink per head" if st.sinks else "") + ")·V"
     lines = ["@triton.jit", f"def {attention_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
              f'    """{st.name}: {st.node} = {what}, one pass over the keys."""']
@@ -112,9 +206,7 @@ def emit_attention_kernel(op: str, st) -> str:
     b("    kv = h // GROUPS  # grouped-query heads share K and V")
     b("    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # query positions")
     b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
-    b("    q = tl.load(q_ptr + b * q_sb + h * q_sh + rows[:, None] * q_sm + rd[None, :] * q_sd,")
-    b("                mask=(rows[:, None] < SQ) & (rd[None, :] < D), other=0.0)")
-    b("    q = _dot_operand(q, DOT_DTYPE)")
+    lines += _load("q", "q_ptr", _Q, _Q_MASK, "    ", dot=True)
     for n in scalars:
         b(f"    {n} = _to_f32(tl.load({n}_ptr))  # one value for the whole tensor")
     if st.sinks:
@@ -127,26 +219,16 @@ def emit_attention_kernel(op: str, st) -> str:
     b("    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)")
     b("    for start in range(0, SK, BLOCK_N):")
     b("        cols = start + tl.arange(0, BLOCK_N)  # key positions")
-    b("        kt = tl.load(k_ptr + b * k_sb + kv * k_sh + cols[None, :] * k_sm + rd[:, None] * k_sd,")
-    b("                     mask=(cols[None, :] < SK) & (rd[:, None] < D), other=0.0)")
-    b("        scores = tl.dot(q, _dot_operand(kt, DOT_DTYPE), input_precision=PRECISION)")
-    b("        rows_, cols_ = rows[:, None], cols[None, :]")
-    if tiles:
-        b("        inside = (rows_ < SQ) & (cols_ < SK)")
-    for n in tiles:
-        b(f"        {n} = _to_f32(tl.load({n}_ptr + b * {n}_sb + h * {n}_sh + rows_ * {n}_sm + cols_ * {n}_sn,")
-        b("                             mask=inside, other=0.0))")
-    for s in body:
-        b("        " + s.replace("cols - rows", "cols_ - rows_"))
-    b(f"        scores = tl.where(cols_ < SK, {result}, -float('inf'))  # keys past the end take no weight")
-    b("        m_new = tl.maximum(m, tl.max(scores, 1))")
+    lines += _load("kt", "k_ptr", _KT, _KT_MASK, "        ")
+    lines += _score_tile(st, "        ")
+    b("        m_new = tl.maximum(m, tl.max(s, 1))")
     b("        # a query whose keys so far are all masked keeps m = -inf: shift by 0 there, not by -inf")
     b("        shift = tl.where(m_new == -float('inf'), 0.0, m_new)")
-    b("        p = tl.exp(scores - shift[:, None])")
+    b("        p = tl.exp(s - shift[:, None])")
     b("        alpha = tl.exp(m - shift)")
     b("        l = l * alpha + tl.sum(p, 1)")
-    b("        vt = tl.load(v_ptr + b * v_sb + kv * v_sh + cols[:, None] * v_sm + rdv[None, :] * v_sd,")
-    b("                     mask=(cols[:, None] < SK) & (rdv[None, :] < DV), other=0.0)")
+    lines += _load("vt", "v_ptr", "b * v_sb + kv * v_sh + cols[:, None] * v_sm + rdv[None, :] * v_sd",
+                   "(cols[:, None] < SK) & (rdv[None, :] < DV)", "        ")
     b("        acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, DOT_DTYPE), _dot_operand(vt, DOT_DTYPE),")
     b("                                            input_precision=PRECISION)")
     b("        m = m_new")
@@ -156,40 +238,220 @@ def emit_attention_kernel(op: str, st) -> str:
     return "\n".join(lines) + "\n"
 
 
-def emit_attention_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
-    """Allocates the (B·H, Sq, Dv) output and launches one program per query block and (batch, head)."""
-    lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
+def _kernel(name: str, params: list[str], doc: str) -> list[str]:
+    return ["@triton.jit", f"def {name}(", *[f"    {p}," for p in params], "):", f'    """{doc}"""']
+
+
+def emit_attention_backward_kernels(op: str, st) -> str:
+    """dQ with each query's log-sum-exp and Δ, one program per block of queries walking the keys twice; dK and
+    dV, one program per block of keys of a K/V head walking its query heads' queries; the sinks' gradient, one
+    program per head. Launched in that order: the later two read the first's lse and Δ."""
+    ptrs, rest = _side_params(st, sinks=False)
+    scalars = _kinds(st, "scalar")
+    prefix = f"_{op}_{st.name}"
+    strides = _QKV_STRIDES + ["do_sbh", "do_sm", "do_sd"]
+    grad_lines, d_scores = score_grad_statements(st, "ds")
+    do_load = _load("do", "do_ptr", "bh * do_sbh + rows[:, None] * do_sm + rdv[None, :] * do_sd",
+                    "(rows[:, None] < SQ) & (rdv[None, :] < DV)", "", dot=True)
+    vt_load = ("vt", "v_ptr", "b * v_sb + kv * v_sh + cols[None, :] * v_sm + rdv[:, None] * v_sd",
+               "(cols[None, :] < SK) & (rdv[:, None] < DV)")
+
+    def keys(indent: str) -> list[str]:  # a block of keys, Kᵀ and Vᵀ: the scores' and dP's right operands
+        return [f"{indent}cols = start + tl.arange(0, BLOCK_N)  # key positions"] + _load(
+            "kt", "k_ptr", _KT, _KT_MASK, indent) + _load(*vt_load, indent)
+
+    def probabilities(indent: str) -> list[str]:  # P from the log-sum-exp, dS, and d scores
+        return _score_tile(st, indent) + [indent + x for x in [
+            "# a probability exactly as the forward's softmax gave it; 0 outside the tile's queries and keys",
+            "p = tl.where((rows_ < SQ) & (cols_ < SK), tl.exp(s - lse[:, None]), 0.0)",
+            "dp = tl.dot(do, _dot_operand(vt, DOT_DTYPE), input_precision=PRECISION)",
+            "ds = p * (dp - delta[:, None])  # the softmax's derivative", *grad_lines]]
+
+    parts = []
+    params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "dq_ptr"] + ptrs + (
+        ["sinks_ptr"] if st.sinks else [])
+    params += ["H", "GROUPS", "SQ", "SK", "D", "DV"] + strides + ["dq_sb", "dq_sh", "dq_sm", "dq_sd"] + rest
+    params += (["sinks_sh"] if st.sinks else []) + _CONSTEXPRS
+    lines = _kernel(f"{prefix}_dq_kernel", params, f"{st.name}: each query's log-sum-exp and Δ = Σ P·dP, then "
+                                                   "dQ = dscores·K, over the keys of a block of queries.")
+    b = lines.append
+    b("    pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)")
+    b("    b, h = bh // H, bh % H")
+    b("    kv = h // GROUPS")
+    b("    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's queries")
+    b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
+    lines += _load("q", "q_ptr", _Q, _Q_MASK, "    ", dot=True)
+    lines += ["    " + x for x in do_load]
+    for n in scalars:
+        b(f"    {n} = _to_f32(tl.load({n}_ptr))")
+    if st.sinks:
+        b("    m = tl.full((BLOCK_M,), 0.0, tl.float32) + _to_f32(tl.load(sinks_ptr + h * sinks_sh))")
+        b("    l = tl.full((BLOCK_M,), 1.0, tl.float32)  # the sink's own term; its dP is 0")
+    else:
+        b("    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)")
+        b("    l = tl.full((BLOCK_M,), 0.0, tl.float32)")
+    b("    pdp = tl.zeros((BLOCK_M,), tl.float32)  # running Σ exp(s - m)·dP, rescaled with l")
+    b("    for start in range(0, SK, BLOCK_N):")
+    lines += keys("        ")
+    lines += _score_tile(st, "        ")
+    b("        m_new = tl.maximum(m, tl.max(s, 1))")
+    b("        shift = tl.where(m_new == -float('inf'), 0.0, m_new)")
+    b("        p = tl.exp(s - shift[:, None])")
+    b("        alpha = tl.exp(m - shift)")
+    b("        dp = tl.dot(do, _dot_operand(vt, DOT_DTYPE), input_precision=PRECISION)")
+    b("        l = l * alpha + tl.sum(p, 1)")
+    b("        pdp = pdp * alpha + tl.sum(p * dp, 1)")
+    b("        m = m_new")
+    b("    lse = m + tl.log(l)")
+    b("    delta = pdp / l")
+    b("    tl.store(lse_ptr + bh * SQ + rows, lse, mask=rows < SQ)")
+    b("    tl.store(delta_ptr + bh * SQ + rows, delta, mask=rows < SQ)")
+    b("    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)")
+    b("    for start in range(0, SK, BLOCK_N):")
+    lines += keys("        ")
+    lines += probabilities("        ")
+    b(f"        dq += tl.dot(_dot_operand({d_scores}, DOT_DTYPE), tl.trans(_dot_operand(kt, DOT_DTYPE)),")
+    b("                     input_precision=PRECISION)")
+    b("    tl.store(dq_ptr + b * dq_sb + h * dq_sh + rows[:, None] * dq_sm + rd[None, :] * dq_sd,")
+    b("             _to_dtype(dq, dq_ptr.dtype.element_ty), mask=(rows[:, None] < SQ) & (rd[None, :] < D))")
+    parts.append("\n".join(lines))
+
+    params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "dk_ptr", "dv_ptr"] + ptrs
+    params += ["H", "GROUPS", "SQ", "SK", "D", "DV"] + strides
+    params += [f"{t}_{s}" for t in ("dk", "dv") for s in ("sb", "sh", "sm", "sd")] + rest + _CONSTEXPRS
+    lines = _kernel(f"{prefix}_dkdv_kernel", params,
+                    f"{st.name}: dK = Σ dscoresᵀ·Q and dV = Σ Pᵀ·dO over the queries of every head reading this "
+                    "K/V head.")
+    b = lines.append
+    b("    pid_n, bkv = tl.program_id(0), tl.program_id(1)")
+    b("    HKV = H // GROUPS")
+    b("    b, kv = (bkv // HKV).to(tl.int64), (bkv % HKV).to(tl.int64)")
+    b("    start = pid_n.to(tl.int64) * BLOCK_N")
+    b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
+    lines += keys("    ")
+    for n in scalars:
+        b(f"    {n} = _to_f32(tl.load({n}_ptr))")
+    b("    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)")
+    b("    dv = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)")
+    b("    for r in range(0, GROUPS):  # grouped-query heads: every query head of this K/V head adds to dK, dV")
+    b("        h = kv * GROUPS + r")
+    b("        bh = b * H + h")
+    b("        for first in range(0, SQ, BLOCK_M):")
+    b("            rows = first + tl.arange(0, BLOCK_M)  # query positions")
+    lines += _load("q", "q_ptr", _Q, _Q_MASK, "            ", dot=True)
+    lines += ["            " + x for x in do_load]
+    b("            lse = tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
+    b("            delta = tl.load(delta_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
+    lines += probabilities("            ")
+    b("            dv += tl.dot(tl.trans(_dot_operand(p, DOT_DTYPE)), do, input_precision=PRECISION)")
+    b(f"            dk += tl.dot(tl.trans(_dot_operand({d_scores}, DOT_DTYPE)), q, input_precision=PRECISION)")
+    b("    inside = cols[:, None] < SK")
+    b("    tl.store(dk_ptr + b * dk_sb + kv * dk_sh + cols[:, None] * dk_sm + rd[None, :] * dk_sd,")
+    b("             _to_dtype(dk, dk_ptr.dtype.element_ty), mask=inside & (rd[None, :] < D))")
+    b("    tl.store(dv_ptr + b * dv_sb + kv * dv_sh + cols[:, None] * dv_sm + rdv[None, :] * dv_sd,")
+    b("             _to_dtype(dv, dv_ptr.dtype.element_ty), mask=inside & (rdv[None, :] < DV))")
+    parts.append("\n".join(lines))
+
+    if st.sinks:
+        lines = _kernel(f"{prefix}_dsinks_kernel", ["sinks_ptr", "lse_ptr", "delta_ptr", "dsinks_ptr", "B", "H", "SQ",
+                                                    "sinks_sh", "dsinks_sh", "BLOCK_M: tl.constexpr"],
+                        f"{st.name}: d sink = -Σ exp(sink - lse)·Δ over the batch and queries of its head, in a "
+                        "fixed order.")
+        lines += ["    h = tl.program_id(0).to(tl.int64)",
+                  "    sink = _to_f32(tl.load(sinks_ptr + h * sinks_sh))",
+                  "    acc = tl.zeros((BLOCK_M,), tl.float32)",
+                  "    for b in range(0, B):",
+                  "        for first in range(0, SQ, BLOCK_M):",
+                  "            rows = first + tl.arange(0, BLOCK_M)",
+                  "            at = (b * H + h) * SQ + rows",
+                  "            lse = tl.load(lse_ptr + at, mask=rows < SQ, other=float('inf'))",
+                  "            delta = tl.load(delta_ptr + at, mask=rows < SQ, other=0.0)",
+                  "            acc += tl.exp(sink - lse) * delta",
+                  "    tl.store(dsinks_ptr + h * dsinks_sh, _to_dtype(-tl.sum(acc, 0), dsinks_ptr.dtype.element_ty))"]
+        parts.append("\n".join(lines))
+    return "\n\n\n".join(parts) + "\n"
+
+
+def _launch_prologue(st, tensor_args: list[str], lines: list[str], sinks: bool = True) -> tuple[list[str], list[str]]:
+    """The launcher's checks, sizes and score-body arguments, shared by both passes: Q, K, V as 4-D views
+    (B, H, S, D), the side tiles broadcast to (B, H, Sq, Sk). Returns the side pointer and the trailing
+    arguments of the kernels."""
     b = lines.append
     q, k, v = st.q, st.k, st.v
-    b(f"    if {q}.dim() == 3:  # (batch·heads, S, D): one batch of that many heads")
-    b(f"        {q}, {k}, {v} = {q}.unsqueeze(0), {k}.unsqueeze(0), {v}.unsqueeze(0)")
-    b(f"    B, H, SQ, D = {q}.shape")
-    b(f"    SK, DV = {k}.shape[2], {v}.shape[3]")
-    b(f"    if {k}.shape[-1] != D or {v}.shape[2] != SK or H % {k}.shape[1] or {v}.shape[1] != {k}.shape[1]:")
+    b(f"    q4, k4, v4 = {q}, {k}, {v}")
+    b("    if q4.dim() == 3:  # (batch·heads, S, D): one batch of that many heads")
+    b("        q4, k4, v4 = q4.unsqueeze(0), k4.unsqueeze(0), v4.unsqueeze(0)")
+    b("    B, H, SQ, D = q4.shape")
+    b("    SK, DV = k4.shape[2], v4.shape[3]")
+    b("    if k4.shape[-1] != D or v4.shape[2] != SK or H % k4.shape[1] or v4.shape[1] != k4.shape[1]:")
     b(f'        raise ValueError(f"{st.node}: attention of q {{tuple({q}.shape)}}, k {{tuple({k}.shape)}}, '
       f'v {{tuple({v}.shape)}}")')
-    dtype = f"{st.like}.dtype" if st.like else "torch.float32"
-    b(f"    {st.node} = torch.empty((B * H, SQ, DV), device={q}.device, dtype={dtype})")
-    tiles = [n for n, kind in zip(st.side, st.kinds) if kind == "tile"]
-    scalars = [n for n, kind in zip(st.side, st.kinds) if kind == "scalar"]
+    tiles, scalars = _kinds(st, "tile"), _kinds(st, "scalar")
     sizes = [(n, st.sizes[n]) for n, kind in zip(st.side, st.kinds) if kind == "size"]
     for t in tiles:  # broadcast to (B, H, Sq, Sk): stride 0 where the scores' dimension is not its own
         b(f"    {t}_v = {t}.expand(B, H, SQ, SK)")
     for n, src in sizes:
         b(f"    {n} = {src}")
-    b(f"    dot = _DOT_DTYPE[{q}.dtype]")
+    b("    dot = _DOT_DTYPE[q4.dtype]")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
     b("    block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))")
     b("    if max(block_d, block_dv) > 256 and not INTERPRET:  # a (64, 512) tile of Q, K or V per program")
     b(f'        raise ValueError(f"{st.node}: head dimensions {{D}} and {{DV}}: the attention kernel takes up to 256")')
-    b("    grid = (triton.cdiv(SQ, ATTN_BLOCK_M), B * H)")
-    args = [q, k, v, st.node] + [f"{t}_v" for t in tiles] + scalars + ([st.sinks] if st.sinks else [])
-    args += ["H", f"H // {k}.shape[1]", "SQ", "SK", "D", "DV", f"*{q}.stride()", f"*{k}.stride()",
-             f"*{v}.stride()", f"*{st.node}.stride()"] + [f"*{t}_v.stride()" for t in tiles]
-    args += ([f"{st.sinks}.stride(0)"] if st.sinks else []) + [n for n, _ in sizes] + st.attrs
-    b(f"    {attention_kernel_name(op, st)}[grid](")
+    sinks = sinks and bool(st.sinks)
+    ptrs = [f"{t}_v" for t in tiles] + scalars + ([st.sinks] if sinks else [])
+    rest = [f"*{t}_v.stride()" for t in tiles] + ([f"{st.sinks}.stride(0)"] if sinks else [])
+    return ptrs, rest + [n for n, _ in sizes] + st.attrs
+
+
+def _call(lines: list[str], kernel: str, grid: str, args: list[str], tail: str) -> None:
+    lines.append(f"    {kernel}[{grid}](")
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
-    b("        BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_DTYPE=dot,")
-    b("        PRECISION=precision, **_attention_launch())")
-    b(f"    return {st.node},")
+    lines.append(f"        {tail})")
+
+
+_BLOCKS = "BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_DTYPE=dot,\n" \
+          "        PRECISION=precision, **_attention_launch()"
+_QKV = ["H", "H // k4.shape[1]", "SQ", "SK", "D", "DV", "*q4.stride()", "*k4.stride()", "*v4.stride()"]
+
+
+def emit_attention_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    """Forward: allocates the (B·H, Sq, Dv) output (and the log-sum-exp) and launches one program per query
+    block and (batch, head). Backward: the gradients of Q, K, V (and the sinks) from the four kernels."""
+    if isinstance(st, AttentionBackwardStage):
+        return _backward_launcher(op, st, fn_name, tensor_args, attrs)
+    lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
+    b = lines.append
+    ptrs, rest = _launch_prologue(st, tensor_args, lines)
+    dtype = f"{st.like}.dtype" if st.like else "torch.float32"
+    b(f"    {st.node} = torch.empty((B * H, SQ, DV), device=q4.device, dtype={dtype})")
+    args = ["q4", "k4", "v4", st.node] + ptrs + _QKV + [f"*{st.node}.stride()"] + rest
+    _call(lines, attention_kernel_name(op, st), "(triton.cdiv(SQ, ATTN_BLOCK_M), B * H)", args, _BLOCKS)
+    b(f"    return {', '.join(st.writes)},")
+    return "\n".join(lines) + "\n"
+
+
+def _backward_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
+    lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
+    b = lines.append
+    ptrs, rest = _launch_prologue(st, tensor_args, lines, sinks=False)
+    for g, like in ((st.node, st.q), (st.dk, st.k), (st.dv, st.v)) + (((st.dsinks, st.sinks),) if st.sinks else ()):
+        dtype = f"{st.grad_like[g]}.dtype" if st.grad_like.get(g) else "torch.float32"
+        b(f"    {g} = torch.empty({like}.shape, device=q4.device, dtype={dtype})")
+    b(f"    d4 = [g.unsqueeze(0) if g.dim() == 3 else g for g in ({st.node}, {st.dk}, {st.dv})]")
+    b("    # each query's log-sum-exp and Δ, written by the dQ kernel for the two after it")
+    b("    lse, delta = torch.empty((2, B * H, SQ), device=q4.device, dtype=torch.float32)")
+    prefix = f"_{op}_{st.name}"
+    common = ["q4", "k4", "v4", st.grad, "lse", "delta"]
+    sinks = [st.sinks] if st.sinks else []
+    _call(lines, f"{prefix}_dq_kernel", "(triton.cdiv(SQ, ATTN_BLOCK_M), B * H)",
+          common + ["d4[0]"] + ptrs + sinks + _QKV + [f"*{st.grad}.stride()", "*d4[0].stride()"] + rest
+          + [f"{st.sinks}.stride(0)"] * bool(st.sinks), _BLOCKS)
+    _call(lines, f"{prefix}_dkdv_kernel", "(triton.cdiv(SK, ATTN_BLOCK_N), B * k4.shape[1])",
+          common + ["d4[1]", "d4[2]"] + ptrs + _QKV + [f"*{st.grad}.stride()", "*d4[1].stride()", "*d4[2].stride()"]
+          + rest, _BLOCKS)
+    if st.sinks:
+        _call(lines, f"{prefix}_dsinks_kernel", "(H,)",
+              [st.sinks, "lse", "delta", st.dsinks, "B", "H", "SQ", f"{st.sinks}.stride(0)", f"{st.dsinks}.stride(0)"],
+              "BLOCK_M=ATTN_BLOCK_M")
+    b(f"    return {', '.join(st.writes)},")
     return "\n".join(lines) + "\n"

@@ -22,12 +22,15 @@ import torch
 from torch.utils._sympy.functions import FloorDiv
 
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention
+from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage
 from opforge.codegen.ops import OP_TABLE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, pysrc
 
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
-STAGES = PRODUCTS | {ATTENTION}  # what a stage of its own computes: a product, a recognised attention
+# what a stage of its own computes: a product, a recognised attention, an attention traced as one op with its
+# backward (codegen/attention_grad.py)
+STAGES = PRODUCTS | {ATTENTION, ATTENTION_OP, ATTENTION_BACKWARD}
 # views the launcher takes with torch when they lead only to products, outputs and other such views
 HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
               "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.detach.default",
@@ -63,7 +66,17 @@ def einsum_problem(equation: str) -> str | None:
 
 
 def has_products(gm: torch.fx.GraphModule) -> bool:
-    return any(n.op == "call_function" and op_name(n.target) in PRODUCTS for n in gm.graph.nodes)
+    return any(n.op == "call_function" and op_name(n.target) in STAGES for n in gm.graph.nodes)
+
+
+ITEM_NAMES = {ATTENTION_BACKWARD: ("dq", "dk", "dv", "dsinks")}
+
+
+def _stage_item(n) -> bool:
+    """One of the values of a stage that returns several (an attention's output and log-sum-exp, its
+    gradients): in memory once the stage ran."""
+    return n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) \
+        and op_name(n.args[0].target) in STAGES
 
 
 @dataclass
@@ -173,12 +186,12 @@ def _host_views(gm) -> set:
     for n in reversed(list(gm.graph.nodes)):
         if n.op != "call_function" or op_name(n.target) not in HOST_VIEWS:
             continue
-        if all(u.op == "output" or (u.op == "call_function" and op_name(u.target) in PRODUCTS) or u in host
+        if all(u.op == "output" or (u.op == "call_function" and op_name(u.target) in STAGES) or u in host
                for u in n.users):
             host.add(n)
     for n in gm.graph.nodes:
         src = n.args[0] if n.op == "call_function" and op_name(n.target) in HOST_VIEWS else None
-        if src is not None and (src.op == "placeholder" or src in host or
+        if src is not None and (src.op == "placeholder" or src in host or _stage_item(src) or
                                 (src.op == "call_function" and op_name(src.target) in PRODUCTS)):
             host.add(n)
     return host
@@ -250,6 +263,13 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     names = {p: n for p, n in zip(placeholders, input_names)}
     for n in graph.nodes:
         names.setdefault(n, n.name)
+    taken = set(names.values())
+    for n in graph.nodes:  # an attention's gradients by what they are: attention_dq, attention_dk, ...
+        if _stage_item(n) and op_name(n.args[0].target) in ITEM_NAMES:
+            label = f"{n.args[0].name.replace('_backward', '')}_{ITEM_NAMES[op_name(n.args[0].target)][n.args[1]]}"
+            if label not in taken:
+                names[n] = label
+                taken.add(label)
     host = _host_views(gm)
     for n in graph.nodes:  # detach and alias are the value itself
         if n in host and op_name(n.target) in IDENTITY_VIEWS:
@@ -268,7 +288,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             needed.add(n)
             stack += [a for a in n.all_input_nodes if not _symbolic(n) or _symbolic(a)]
     compute = [n for n in graph.nodes if n in needed and n.op == "call_function" and n not in host
-               and op_name(n.target) not in STAGES and not _free(n)]
+               and op_name(n.target) not in STAGES and not _stage_item(n) and not _free(n)]
     products = [n for n in graph.nodes if n in needed and n.op == "call_function" and op_name(n.target) in STAGES]
     steps: list = []
     done: set = set(placeholders)
@@ -284,7 +304,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         done.add(v)
         if op_name(v.target) in IDENTITY_VIEWS:
             return
-        steps.append(HostView(names[v], op_name(v.target), tuple(_host_arg(a, names, placeholders) for a in v.args)))
+        steps.append(HostView(names[v], op_name(v.target), tuple(host_source(a, names, placeholders) for a in v.args)))
         done.add(v)
 
     for d in range(max(depth.values(), default=0) + 1):
@@ -298,18 +318,21 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             fused = _fusable(prods, part, g_inputs, g_outputs, results, members)
             groups.append((part, g_inputs, g_outputs, fused, sizes))
         for p in prods:
-            for a in (p.args if op_name(p.target) == ATTENTION else p.args[:3]):
-                if isinstance(a, torch.fx.Node):
-                    need(a)
+            for a in p.all_input_nodes:
+                need(a)
         epilogues = {g[3] for g in groups}
         for p in prods:
             if p in epilogues:
                 continue
-            if op_name(p.target) == ATTENTION:
+            op = op_name(p.target)
+            if op == ATTENTION:
                 steps.append(_attention(f"{name}_{next(count)}", p, names, result_like, placeholders))
+            elif op in (ATTENTION_OP, ATTENTION_BACKWARD):
+                steps.append(_traced_attention(f"{name}_{next(count)}", p, names, result_like, input_names))
             else:
                 steps.append(_gemm(f"{name}_{next(count)}", p, names, result_like))
             done.add(p)
+            done.update(u for u in p.users if _stage_item(u))
         for part, g_inputs, g_outputs, fused, sizes in groups:
             sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes)
             plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
@@ -427,10 +450,10 @@ def _components(nodes: list) -> list[list]:
     return list(groups.values())
 
 
-def _host_arg(a, names: dict, placeholders: list):
+def host_source(a, names: dict, placeholders: list):
     """An argument of a view the launcher takes, as Python source: values by name, sizes read off the inputs."""
     if isinstance(a, (list, tuple)):
-        return "[" + ", ".join(_host_arg(x, names, placeholders) for x in a) + "]"
+        return "[" + ", ".join(host_source(x, names, placeholders) for x in a) + "]"
     if not isinstance(a, torch.fx.Node):
         return repr(a)
     if isinstance(a.meta.get("val"), torch.Tensor):
@@ -442,11 +465,11 @@ def _host_arg(a, names: dict, placeholders: list):
         expr, where = _size_source(a.args[0].meta["val"].shape[a.args[1]], placeholders)
         return pysrc(expr, {sym: f"{names[t]}.size({d})" for sym, (t, d) in where.items()})
     if op == "aten.sym_numel.default":
-        return f"{_host_arg(a.args[0], names, placeholders)}.numel()"
+        return f"{host_source(a.args[0], names, placeholders)}.numel()"
     if op == "torch.sym_float":
-        return f"float({_host_arg(a.args[0], names, placeholders)})"
+        return f"float({host_source(a.args[0], names, placeholders)})"
     if a.target in SYM_OPS:
-        left, right = (_host_arg(x, names, placeholders) for x in a.args[:2])
+        left, right = (host_source(x, names, placeholders) for x in a.args[:2])
         return f"({left} {SYM_OPS[a.target]} {right})"
     raise Unsupported([op], "a size computed in a way the launcher cannot read")
 
@@ -463,7 +486,7 @@ def _attention(name: str, p, names: dict, result_like: dict, placeholders: list)
         val = s.meta["val"]
         if not isinstance(val, torch.Tensor):
             kinds.append("size")
-            sizes[names[s]] = _host_arg(s, names, placeholders)
+            sizes[names[s]] = host_source(s, names, placeholders)
         else:
             kinds.append("scalar" if val.numel() == 1 else "tile")
         side.append(names[s])
@@ -472,6 +495,32 @@ def _attention(name: str, p, names: dict, result_like: dict, placeholders: list)
     return AttentionStage(name, names[p], names[region.q], names[region.k], names[region.v], region.score, side,
                           kinds, sizes, names[region.sinks] if region.sinks is not None else None,
                           result_like.get(p), list(p.meta["val"].shape), k.shape[-2], q.shape[-1], attrs)
+
+
+def _traced_attention(name: str, p, names: dict, result_like: dict, input_names: list[str]) -> AttentionStage:
+    """The stage of an `opforge::attention` node or of its backward."""
+    rec = p.meta["attention"]
+    inputs = dict(zip(rec.inputs, input_names))  # the forward's inputs are the pass's first
+    sizes = {n: host_source(s, inputs, rec.inputs) for n, s in rec.sizes.items()}
+    q, k, v, tensors, sinks = p.args[:5]
+    items = {u.args[1]: u for u in p.users if _stage_item(u)}
+    side, it = [], iter(tensors)
+    size_names = iter(rec.sizes)
+    for kind in rec.kinds:
+        side.append(next(size_names) if kind == "size" else names[next(it)])
+    common = dict(q=names[q], k=names[k], v=names[v], score=rec.score, side=side, kinds=rec.kinds, sizes=sizes,
+                  sinks=names[sinks] if sinks is not None else None, keys=k.meta["val"].shape[-2],
+                  head_dim=q.meta["val"].shape[-1], attrs=rec.attrs)
+    if op_name(p.target) == ATTENTION_OP:
+        return AttentionStage(name, names[p], like=result_like.get(p), shape=list(p.meta["val"].shape), **common)
+    grad = p.args[5]
+    grads = [items.get(i) for i in range(4)]
+    # a gradient nobody reads is still computed (the kernels write all three): named after its stage
+    gname = [names[g] if g is not None else f"{name}_d{w}" for g, w in zip(grads, ("q", "k", "v", "sinks"))]
+    return AttentionBackwardStage(
+        name, gname[0], like=None, shape=list(q.meta["val"].shape), grad=names[grad], dk=gname[1], dv=gname[2],
+        dsinks=gname[3] if sinks is not None else None,
+        grad_like={n: result_like.get(g) for n, g in zip(gname, grads) if g is not None}, **common)
 
 
 def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:

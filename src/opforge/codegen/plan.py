@@ -217,10 +217,11 @@ def unsupported_ops(graph: torch.fx.Graph) -> list[str]:
     a product (codegen/gemm.py, codegen/attention.py); one outside a recognised place is refused by name when
     its glue is planned."""
     from opforge.codegen.attention import IN_ATTENTION
-    from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS
+    from opforge.codegen.gemm import HOST_VIEWS, STAGES
 
-    staged = PRODUCTS | HOST_VIEWS | IN_ATTENTION if any(
-        n.op == "call_function" and op_name(n.target) in PRODUCTS for n in graph.nodes) else set()
+    # an attention traced as one op returns its values as a tuple, read with getitem
+    staged = STAGES | HOST_VIEWS | IN_ATTENTION | {"operator.getitem"} if any(
+        n.op == "call_function" and op_name(n.target) in STAGES for n in graph.nodes) else set()
     names = []
     for n in graph.nodes:
         name = op_name(n.target) if n.op == "call_function" else None

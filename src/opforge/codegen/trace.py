@@ -16,6 +16,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
+from opforge.codegen.attention_grad import RunFused, TracedAttention, fused_forward, prepare_joint
 from opforge.codegen.decompose import (
     DECOMPOSITIONS,
     SizeSafeFunctionals,
@@ -60,6 +61,13 @@ class TracedOp:
     # With leading dimensions (x of (B, S, H) for a request's (N, H)): the inputs whose first dimension is the rows,
     # and for each output whether it has them too. None: the reference means something else by them.
     leading: dict | None = None
+    # The joint traced again with each attention region as one op and its backward as another
+    # (codegen/attention_grad.py): what the backward is planned from. `joint` stays the reference's own graph.
+    fused_joint: torch.fx.GraphModule | None = None
+
+    @property
+    def backward_graph(self) -> torch.fx.GraphModule | None:
+        return self.fused_joint if self.fused_joint is not None else self.joint
 
 
 def example_binding(req: Request) -> dict[str, int]:
@@ -135,18 +143,20 @@ def _refuse_fixed_sizes(req: Request, gm: torch.fx.GraphModule, where: str) -> N
                                         "control flow); use tensor sizes as they are, so that it stays symbolic")
 
 
-def _trace_pair(req: Request, fn, tensors, grads: bool):
-    """Trace with default and with perturbed float attributes; returns both graphs."""
+def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
+    """Trace with default and with perturbed float attributes; returns both graphs. `forwards`: two functions
+    of the inputs to trace instead of the reference (the forward graphs traced at each), for the joint."""
     names = [s.name for s in req.inputs]
     grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
 
-    def build(attrs):
+    def build(attrs, forward=None):
+        call = forward or (lambda ts: run_reference(req, fn, ts, attrs))
         if not grads:
-            return lambda *ts: run_reference(req, fn, ts, attrs)
+            return lambda *ts: call(ts)
 
         def joint(*args):
             ts = [t.detach().requires_grad_(i in grad_idx) for i, t in enumerate(args[:len(names)])]
-            outs = run_reference(req, fn, ts, attrs)
+            outs = call(ts)
             g_outs = args[len(names):]
             grads_ = torch.autograd.grad(outs, [ts[i] for i in grad_idx], g_outs, allow_unused=True)
             grads_ = [torch.zeros_like(ts[i]) if g is None else g for i, g in zip(grad_idx, grads_)]
@@ -159,8 +169,13 @@ def _trace_pair(req: Request, fn, tensors, grads: bool):
     if grads:
         outs = run_reference(req, fn, tensors, defaults)
         args += [torch.randn_like(o) for o in outs]
-    g_a = _make_fx(req, build(defaults), args)
-    g_b = _make_fx(req, build(moved), args)
+    g_a = _make_fx(req, build(defaults, forwards and forwards[0]), args)
+    g_b = _make_fx(req, build(moved, forwards and forwards[1]), args)
+    for gm in (g_a, g_b):  # the same rewrites on both keep their nodes in step for _bind_attributes
+        rewrite_variance(gm)
+        rewrite_inplace(gm)
+        drop_full_slices(gm)
+        factor_column_sums(gm)
     return g_a, g_b
 
 
@@ -268,23 +283,45 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     output_like = {n: (first if o.dtype == torch.bfloat16 else None) for n, o in zip(names, meta_outs)}
 
     fwd_a, fwd_b = _trace_pair(req, fn, tensors, grads=False)
+    grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
+    fused = [fused_forward(g, grad_idx) for g in (fwd_a, fwd_b)] if req.backward else []
     used = _bind_attributes(req, fwd_a, fwd_b)
-    joint = None
+    joint = fused_joint = None
     grad_inputs = [s.name for s in req.inputs if s.requires_grad]
     if req.backward:
         if not grad_inputs:
             raise TraceError(f"{REQUEST_FILE}: backward", "backward: true but no input requires grad")
         joint, joint_b = _trace_pair(req, fn, tensors, grads=True)
         used |= _bind_attributes(req, joint, joint_b)
+        if all(fused):
+            fused_joint = _fused_joint(req, fn, tensors, *fused)
     runtime = [a.name for a in req.attributes if a.name in used]
-    for gm in (fwd_a, joint):
-        if gm is not None:
-            rewrite_variance(gm)
-            rewrite_inplace(gm)
-            drop_full_slices(gm)
-            factor_column_sums(gm)
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
-                    binding, leading_dimensions(req, fn, binding))
+                    binding, leading_dimensions(req, fn, binding), fused_joint)
+
+
+def _fused_joint(req: Request, fn, tensors, fused_a: tuple, fused_b: tuple) -> torch.fx.GraphModule:
+    """The joint traced from the forward graphs (default and perturbed attributes) with each attention region
+    as `opforge::attention`, so that its backward is one op too."""
+    (gm_a, regions_a), (gm_b, regions_b) = fused_a, fused_b
+    placeholders = gm_a.graph.find_nodes(op="placeholder")
+    records = []
+    for ra, rb in zip(regions_a, regions_b):
+        attrs = _bind_attributes(req, ra.score, rb.score)
+        kinds, sizes = [], {}
+        for s in ra.side:
+            val = s.meta["val"]
+            if isinstance(val, torch.Tensor):
+                kinds.append("scalar" if val.numel() == 1 else "tile")
+            else:
+                kinds.append("size")
+                sizes[f"size_{s.name}"] = s
+        records.append(TracedAttention(ra.score, kinds, sizes, placeholders, sorted(attrs)))
+    forwards = [lambda ts, gm=gm: tuple(RunFused(gm).run(*ts)) for gm in (gm_a, gm_b)]
+    joint, joint_b = _trace_pair(req, fn, tensors, grads=True, forwards=forwards)
+    _bind_attributes(req, joint, joint_b)
+    prepare_joint(joint, records)
+    return joint
 
 
 def leading_dimensions(req: Request, fn, binding: dict) -> dict | None:

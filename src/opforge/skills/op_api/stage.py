@@ -10,6 +10,7 @@ import math
 from collections import Counter
 
 from opforge.bench.roofline import classify, describe
+from opforge.codegen.attention_grad import AttentionBackwardStage
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView, einsum_problem
@@ -210,6 +211,13 @@ def _staged_notes(plans: list) -> list[str]:
             epi = f", then {len(st.epilogue.body)} fused statements on the tile" if st.epilogue else ""
             out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{epi}; stores {', '.join(st.writes)}.")
         for st in p.attentions:
+            if isinstance(st, AttentionBackwardStage):
+                out.append(f"- {st.name}: attention backward, {', '.join(st.writes)} from {st.q}, {st.k}, {st.v} and "
+                           f"{st.grad}: per 64 queries, a walk over the keys for the log-sum-exp and Δ = Σ P·dP, a "
+                           "second for dQ; per 64 keys of a K/V head, a walk over the queries of its heads for dK "
+                           "and dV" + ("; the sinks' gradient per head" if st.dsinks else "")
+                           + ". Probabilities are recomputed tile by tile; the scores are never written.")
+                continue
             out.append(f"- {st.name}: attention {st.node} = softmax(score({st.q}·{st.k}ᵀ))·{st.v}, one program per "
                        "64 queries of a (batch, head), keys walked 64 at a time with an online softmax; the scores "
                        "are never written.")
@@ -272,7 +280,7 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
 def run(ws: Workspace, req: Request, state) -> StageOutcome:
     traced = trace_request(req)
     rows = _op_rows(traced)
-    graphs = [traced.forward] + ([traced.joint] if traced.joint is not None else [])
+    graphs = [traced.forward] + ([traced.backward_graph] if traced.joint is not None else [])
     unsupported = sorted({op for g in graphs for op in unsupported_ops(g.graph)})
     why = "no Triton lowering for"
     build = None

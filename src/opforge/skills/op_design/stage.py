@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from opforge.codegen.attention import AttentionStage
+from opforge.codegen.attention_grad import AttentionBackwardStage
 from opforge.codegen.build import kernels_of, plan_request
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import GemmStage
@@ -59,6 +60,21 @@ def _gemm_summary(st: GemmStage) -> dict:
 def _attention_summary(st: AttentionStage) -> dict:
     side = [{"name": n, "operand": "broadcast" if k == "tile" else "scalar"}
             for n, k in zip(st.side, st.kinds) if k != "size"]
+    if isinstance(st, AttentionBackwardStage):
+        return {
+            "kernel": st.name,
+            "layout": "attention backward",
+            "attention": f"d({st.q}, {st.k}, {st.v}{', ' + st.sinks if st.sinks else ''}) of softmax(score({st.q} · "
+                         f"{st.k}ᵀ)) · {st.v}, probabilities recomputed tile by tile",
+            "reads": [{"name": n, "operand": "operand"} for n in (st.q, st.k, st.v, st.grad)] + side
+            + ([{"name": st.sinks, "operand": "one value per head"}] if st.sinks else []),
+            "writes": [{"name": st.node, "operand": "full", "when": "the dQ kernel, its block of queries"},
+                       {"name": st.dk, "operand": "full", "when": "the dK/dV kernel, its block of keys"},
+                       {"name": st.dv, "operand": "full", "when": "the dK/dV kernel, its block of keys"}]
+            + ([{"name": st.dsinks, "operand": "one value per head", "when": "its own kernel"}] if st.dsinks else []),
+            "statements": len([n for n in st.score.graph.nodes if n.op == "call_function"]),
+            "runtime_attributes": st.attrs,
+        }
     return {
         "kernel": st.name,
         "layout": "attention",
@@ -121,6 +137,15 @@ def _kernel_md(plan) -> list[str]:
                         "walks the keys in BLOCK_N blocks, the scores of a block one tl.dot into float32, the score "
                         "body on them in registers, an online softmax (running max and sum, the output rescaled "
                         "when the max grows); the scores are never written;")
+        lines.append("")
+        return lines
+    if s["layout"] == "attention backward":
+        lines.insert(2, f"- attention backward, {s['attention']}: one program per BLOCK_M queries walks the keys "
+                        "twice, first for each query's log-sum-exp and Δ = Σ P·dP (online, as the forward's softmax), "
+                        "then for dQ += dS·K; then one program per BLOCK_N keys of a K/V head walks the queries of "
+                        "every head that reads it (dV += Pᵀ·dO, dK += dSᵀ·Q). P = exp(s − lse), dP = dO·Vᵀ and "
+                        "dS = P ∘ (dP − Δ) times the score body's derivative live in registers only; a sink's "
+                        "gradient is −Σ exp(sink − lse)·Δ, summed per head in a fixed order;")
         lines.append("")
         return lines
     if s["layout"] == "rows":

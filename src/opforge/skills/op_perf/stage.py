@@ -135,7 +135,7 @@ def _compiled(report: dict | None, spec: dict) -> dict | None:
         return {"arch": report["arch"], "unavailable": report["toolchain"]["unavailable"], "kernels": []}
     dt = spec["supported_dtypes"][0]
     keep = ("binding", "pass", "kernel", "num_warps", "registers", "spill_bytes", "shared_bytes", "loads", "loads_128",
-            "stores", "stores_128", "occupancy", "grid", "programs", "waves", "error")
+            "stores", "stores_128", "wgmma", "mma", "occupancy", "grid", "programs", "waves", "error")
     return {"arch": report["arch"], "dtype": dt, "unavailable": None,
             "kernels": [{k: b[k] for k in keep if k in b} for op in report["ops"] for b in op["builds"]
                         if b["dtype"] == dt]}
