@@ -216,7 +216,8 @@ def test_a_scale_of_the_head_dimension_to_the_minus_half_is_taken_in_a_row_kerne
 
 
 def test_the_catalogs_attention_sink_with_a_sliding_window_built_for_it(tmp_path):
-    # the catalog's reference, built for a window of 24: the second mask (tril) is computed from positions too
+    # the catalog's reference, built for a window of 24: the second mask (tril) is computed from positions too,
+    # and at 200 positions every walk skips the blocks the window and the causal mask leave out
     path = tmp_path / "attention_sink"
     shutil.copytree(EXAMPLES / "attention_sink", path)
     doc = yaml.safe_load((path / "request.yaml").read_text())
@@ -224,8 +225,11 @@ def test_the_catalogs_attention_sink_with_a_sliding_window_built_for_it(tmp_path
     (path / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     req, build, impl = _impl(path, tmp_path)
     assert len(build.forward.attentions) == 1 and len(build.backward.attentions) == 1
-    assert "cols_ - rows_ <= -24" in (tmp_path / "attention_sink_impl.py").read_text()
-    _check_backward(req, impl, {"B": 1, "G": 2, "R": 2, "S": 70, "D": 16}, torch.float32, 70)
+    src = (tmp_path / "attention_sink_impl.py").read_text()
+    assert "cols_ - rows_ <= -24" in src
+    assert src.count("range(tl.maximum(pid_m * BLOCK_M - 23, 0), tl.minimum((pid_m + 1) * BLOCK_M, SK), BLOCK_N)") == 3
+    assert "range(start, tl.minimum(start + BLOCK_N + 23, SQ), BLOCK_M)" in src
+    _check_backward(req, impl, {"B": 1, "G": 1, "R": 2, "S": 200, "D": 16}, torch.float32, 200)
     with pytest.raises(ValueError, match="sliding_window"):  # built for one window: another is refused by name
         q, k, v, sinks = (torch.randn(*s) for s in ((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (4,)))
         impl.attention_sink(q, k, v, sinks, sliding_window=0)

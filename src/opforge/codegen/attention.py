@@ -290,6 +290,46 @@ def _score_graph(body: list, scores, side: list, out) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), g)
 
 
+def masked_band(score: torch.fx.GraphModule) -> tuple[int | None, int | None]:
+    """(lo, hi): the score body's result is -inf wherever cols - rows < lo or > hi (None: no such bound), as a
+    causal mask (an added triu of -inf) or a sliding window (an added tril of -inf) makes it. Keys outside the
+    band take no weight, so the kernels skip their blocks. Only what provably keeps -inf counts: adding
+    another value, scaling by a positive constant or size, views; a softcap or a where loses the bound."""
+    band: dict = {}
+    for n in score.graph.nodes:
+        key = op_name(n.target) if n.op == "call_function" else None
+        ins = [band.get(a, (None, None)) for a in n.args if isinstance(a, torch.fx.Node)]
+        if key in _MASKS and _minus_inf(n.args[0]):
+            d = n.args[1] if len(n.args) > 1 else 0
+            band[n] = (None, d - 1) if key == "aten.triu.default" else (d + 1, None)
+        elif key == "aten.add.Tensor" and ins:
+            band[n] = (max((b[0] for b in ins if b[0] is not None), default=None),
+                       min((b[1] for b in ins if b[1] is not None), default=None))
+        elif key in ("aten.mul.Tensor", "aten.div.Tensor") and isinstance(n.args[0], torch.fx.Node) and _positive(
+                n.args[1]):
+            band[n] = band.get(n.args[0], (None, None))
+        elif key == "aten.sub.Tensor" and not isinstance(n.args[1], torch.fx.Node):
+            band[n] = band.get(n.args[0], (None, None))
+        elif key in _CHAIN:
+            band[n] = band.get(n.args[0], (None, None))
+    return band.get(score.graph.find_nodes(op="output")[0].args[0], (None, None))
+
+
+def _minus_inf(n) -> bool:
+    """A constant made of -inf (full, new_full)."""
+    key = op_name(n.target) if isinstance(n, torch.fx.Node) and n.op == "call_function" else None
+    value = {"aten.full.default": 1, "aten.new_full.default": 2}.get(key)
+    return value is not None and n.args[value] == float("-inf")
+
+
+def _positive(a) -> bool:
+    """A positive number, or a size input whose expression is positive for every size (D ** -0.5)."""
+    if isinstance(a, torch.fx.Node):
+        expr = getattr(getattr(a.meta.get("val"), "node", None), "expr", None)
+        return a.op == "placeholder" and expr is not None and bool(expr.is_positive)
+    return isinstance(a, (int, float)) and a > 0
+
+
 def absorbed(gm: torch.fx.GraphModule) -> set[str]:
     """Names of the nodes `fuse_attention` would replace: values that exist only inside an attention kernel."""
     g = torch.fx.Graph()

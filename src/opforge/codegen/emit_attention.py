@@ -14,6 +14,7 @@ import textwrap
 
 import torch
 
+from opforge.codegen.attention import masked_band
 from opforge.codegen.attention_grad import PASS_THROUGH, SCORE_VJP, AttentionBackwardStage, score_reading
 from opforge.codegen.emit_rows import launcher_signature
 from opforge.codegen.ops import OP_TABLE, op_name
@@ -180,6 +181,34 @@ def _load(name: str, ptr: str, index: str, mask: str, indent: str, dot: bool = F
     return lines + ([f"{indent}{name} = _dot_operand({name}, DOT_DTYPE)"] if dot else [])
 
 
+def _key_walk(st, indent: str) -> list[str]:
+    """The loop over key blocks of a program's queries (rows from pid_m·BLOCK_M): only the blocks the mask's
+    band reaches (attention.masked_band: causal masks end it at the diagonal, sliding windows start it late)."""
+    lo, hi = masked_band(st.score)
+    if lo is None and hi is None:
+        return [f"{indent}for start in range(0, SK, BLOCK_N):"]
+    lines = [f"{indent}# scores with cols - rows outside [{lo}, {hi}] are -inf: blocks of only those are skipped"]
+    first = "0" if lo is None else _plus("pid_m * BLOCK_M", lo) if lo >= 0 else \
+        f"tl.maximum({_plus('pid_m * BLOCK_M', lo)}, 0)"
+    end = f"tl.minimum({_plus('(pid_m + 1) * BLOCK_M', hi)}, SK)" if hi is not None else "SK"
+    return lines + [f"{indent}for start in range({first}, {end}, BLOCK_N):"]
+
+
+def _query_walk(st, indent: str) -> list[str]:
+    """The loop over query blocks of a program's keys (from `start`), within the mask's band."""
+    lo, hi = masked_band(st.score)
+    if lo is None and hi is None:
+        return [f"{indent}for first in range(0, SQ, BLOCK_M):"]
+    lines = [f"{indent}# queries with cols - rows outside [{lo}, {hi}] give these keys no weight: skipped"]
+    first = "0" if hi is None else _plus("start", -hi) if hi <= 0 else f"tl.maximum({_plus('start', -hi)}, 0)"
+    end = f"tl.minimum({_plus('start + BLOCK_N', -lo)}, SQ)" if lo is not None else "SQ"
+    return lines + [f"{indent}for first in range({first}, {end}, BLOCK_M):"]
+
+
+def _plus(expr: str, k: int) -> str:
+    return expr if k == 0 else f"{expr} + {k}" if k > 0 else f"{expr} - {-k}"
+
+
 _CONSTEXPRS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr", "BLOCK_DV: tl.constexpr",
                "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
 _QKV_STRIDES = [f"{t}_{s}" for t in ("q", "k", "v") for s in ("sb", "sh", "sm", "sd")]
@@ -217,7 +246,7 @@ def emit_attention_kernel(op: str, st) -> str:
         b("    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)  # running max of each query's scores")
         b("    l = tl.full((BLOCK_M,), 0.0, tl.float32)  # running sum of exp(score - m)")
     b("    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)")
-    b("    for start in range(0, SK, BLOCK_N):")
+    lines += _key_walk(st, "    ")
     b("        cols = start + tl.arange(0, BLOCK_N)  # key positions")
     lines += _load("kt", "k_ptr", _KT, _KT_MASK, "        ")
     lines += _score_tile(st, "        ")
@@ -291,7 +320,7 @@ def emit_attention_backward_kernels(op: str, st) -> str:
         b("    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)")
         b("    l = tl.full((BLOCK_M,), 0.0, tl.float32)")
     b("    pdp = tl.zeros((BLOCK_M,), tl.float32)  # running Σ exp(s - m)·dP, rescaled with l")
-    b("    for start in range(0, SK, BLOCK_N):")
+    lines += _key_walk(st, "    ")
     lines += keys("        ")
     lines += _score_tile(st, "        ")
     b("        m_new = tl.maximum(m, tl.max(s, 1))")
@@ -307,7 +336,7 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     b("    tl.store(lse_ptr + bh * SQ + rows, lse, mask=rows < SQ)")
     b("    tl.store(delta_ptr + bh * SQ + rows, delta, mask=rows < SQ)")
     b("    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)")
-    b("    for start in range(0, SK, BLOCK_N):")
+    lines += _key_walk(st, "    ")
     lines += keys("        ")
     lines += probabilities("        ")
     b(f"        dq += tl.dot(_dot_operand({d_scores}, DOT_DTYPE), tl.trans(_dot_operand(kt, DOT_DTYPE)),")
@@ -336,7 +365,7 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     b("    for r in range(0, GROUPS):  # grouped-query heads: every query head of this K/V head adds to dK, dV")
     b("        h = kv * GROUPS + r")
     b("        bh = b * H + h")
-    b("        for first in range(0, SQ, BLOCK_M):")
+    lines += _query_walk(st, "        ")
     b("            rows = first + tl.arange(0, BLOCK_M)  # query positions")
     lines += _load("q", "q_ptr", _Q, _Q_MASK, "            ", dot=True)
     lines += ["            " + x for x in do_load]
