@@ -163,6 +163,35 @@ def test_a_softcap_is_differentiated_on_the_tile_and_a_bias_without_gradient_is_
     _check_backward(req, impl, {"B": 2, "H": 3, "S": 33, "T": 70, "D": 16, "E": 20}, torch.float32, 70)
 
 
+def test_grouped_heads_by_repeat_interleave_and_a_scale_divided_by_a_size(tmp_path):
+    body = ("r = q.shape[1] // k.shape[1]\n"
+            "k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)\n"
+            "return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v")
+    path = _request(tmp_path, "gqa", {"q": ["B", "G*R", "S", "D"], "k": ["B", "G", "S", "D"],
+                                      "v": ["B", "G", "S", "D"]}, body, {"B": 2, "G": 2, "R": 4, "S": 128, "D": 64},
+                    backward=True)
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and [type(s) for s in build.backward.attentions] == [
+        AttentionBackwardStage]
+    _check_backward(req, impl, {"B": 2, "G": 2, "R": 3, "S": 70, "D": 24}, torch.float32, 70)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_alibi_distances_are_computed_from_positions_in_the_kernels(tmp_path, dtype):
+    # ALiBi: a per-head slope times the key's distance from the query, built with arange: never an S×S tensor
+    body = ("pos = torch.arange(q.shape[2], device=q.device)\n"
+            "bias = slopes[:, None, None] * (pos[None, :] - pos[:, None])\n"
+            "return torch.softmax(q @ k.transpose(-1, -2) * 0.125 + bias, dim=-1) @ v")
+    path = _request(tmp_path, "alibi", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                        "v": ["B", "H", "S", "D"], "slopes": ["H"]},
+                    body, {"B": 2, "H": 4, "S": 128, "D": 64}, backward=True, no_grad=("slopes",))
+    req, build, impl = _impl(path, tmp_path)
+    (st,) = build.forward.attentions
+    assert st.kinds == ["tile"] and "sub = cols_ - rows_" in (tmp_path / "alibi_impl.py").read_text()
+    assert [type(s) for s in build.backward.attentions] == [AttentionBackwardStage]
+    _check_backward(req, impl, {"B": 2, "H": 3, "S": 70, "D": 24}, dtype, 70)
+
+
 def test_a_bias_that_needs_a_gradient_keeps_the_backward_as_products_and_glue(tmp_path):
     # d(bias) is dS itself, S×S per head, which the attention kernels do not produce: the backward stays as
     # traced (a bias broadcast over the batch would need dS summed over it, which does not plan yet)

@@ -10,8 +10,9 @@ denominator, as in gpt-oss) appear as a column concatenated before the softmax a
 Q, K and V are read where they lie in memory: each operand's chain of views is traced back to a 4-D tensor
 (batch, heads, positions, head dim), and replayed on an index tensor to check that batch·head `bh` of the
 product is `q[b, h]` and `k[b, h // R]` (grouped-query heads: K and V expanded to R query heads each). A
-triu/tril of a constant (a causal or sliding-window mask) is computed in the kernel from the query and key
-positions; other tensors the scores read are loaded through their strides, broadcast to (B, H, Sq, Sk).
+triu/tril of a constant (a causal or sliding-window mask) and an arange viewed along the queries or the keys (an
+ALiBi distance) are computed in the kernel from the query and key positions; other tensors the scores read are
+loaded through their strides, broadcast to (B, H, Sq, Sk).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ _BMM = "aten.bmm.default"
 _CONSTANTS = {"aten.full.default", "aten.new_full.default", "aten.ones.default", "aten.zeros.default",
               "aten.scalar_tensor.default"}
 _MASKS = {"aten.triu.default", "aten.tril.default"}
-IN_ATTENTION = _CONSTANTS | _MASKS  # lowered inside an attention kernel only
+# positions 0..n-1 (ALiBi's and relative biases' distances): a query's or a key's index in the kernel
+_POSITIONS = {"aten.arange.default"}
+IN_ATTENTION = _CONSTANTS | _MASKS | _POSITIONS  # lowered inside an attention kernel only
 
 
 def attention(*args):
@@ -178,7 +181,7 @@ def _score_nodes(out, scores) -> tuple[list, list] | None:
         if not isinstance(n.meta.get("val"), torch.Tensor):  # a size, or arithmetic on sizes
             side.append(n)
             continue
-        if key in _CONSTANTS:  # made from sizes alone: what it reads is its shape and dtype
+        if key in _CONSTANTS or key in _POSITIONS:  # made from sizes alone: what it reads is its shape and dtype
             body.append(n)
             continue
         if key in _MASKS:
@@ -186,7 +189,9 @@ def _score_nodes(out, scores) -> tuple[list, list] | None:
             stack += [a for a in n.all_input_nodes]
             continue
         if key in _CHAIN or (rule is not None and rule.kind == POINTWISE):
-            if _reads(n, scores) or key not in _CHAIN:
+            base = _chain(n)[0]
+            made = base.op == "call_function" and op_name(base.target) in _CONSTANTS | _POSITIONS
+            if _reads(n, scores) or key not in _CHAIN or made:  # a view of positions is positions
                 body.append(n)
                 stack += list(n.all_input_nodes)
             else:

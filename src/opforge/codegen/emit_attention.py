@@ -33,6 +33,7 @@ def _attention_launch() -> dict:
                                  "enable_fp_fusion": False}
 """
 
+_AXES = ("rows_", "cols_")  # the tile's query and key positions, (BLOCK_M, 1) and (1, BLOCK_N)
 _SCORE_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
                 "aten.unsqueeze.default", "aten.clone.default", "aten.detach.default", "aten.alias.default"}
 
@@ -65,6 +66,15 @@ def _score_program(st) -> tuple[list[str], dict]:
         if n.op != "call_function":
             continue
         key = op_name(n.target)
+        if key in _SCORE_VIEWS and var[n.args[0]] in _AXES:  # positions: along the keys unless viewed (n, 1)
+            shape = n.meta["val"].shape
+            var[n] = "rows_" if len(shape) >= 2 and shape[-1] == 1 and shape[-2] != 1 else "cols_"
+            continue
+        if key == "aten.arange.default":
+            if len(n.args) != 1:
+                raise Unsupported([key], f"{n.name}: positions are an arange from 0 in steps of 1")
+            var[n] = "cols_"  # a vector broadcasts along the last dimension: the keys
+            continue
         if key in _SCORE_VIEWS:  # the same (query, key) position: views only add or merge leading dimensions
             if tuple(str(d) for d in n.meta["val"].shape[-2:]) != tile and n.meta["val"].numel() != 1 and \
                     tuple(str(d) for d in n.args[0].meta["val"].shape[-2:]) != tuple(
