@@ -18,7 +18,9 @@ from test_gemm import _impl
 
 from opforge.codegen.attention import AttentionStage
 from opforge.codegen.attention_grad import AttentionBackwardStage
+from opforge.codegen.build import graph_binding, shape_numel
 from opforge.codegen.gemm import GemmStage
+from opforge.codegen.trace import trace_request
 from opforge.verify.metrics import compare
 from opforge.verify.tolerance import Tolerance
 
@@ -258,6 +260,10 @@ def test_the_catalogs_attention_sink_with_a_sliding_window_built_for_it(tmp_path
     assert "cols_ - rows_ <= -24" in src
     assert src.count("range(tl.maximum(pid_m * BLOCK_M - 23, 0), tl.minimum((pid_m + 1) * BLOCK_M, SK), BLOCK_N)") == 3
     assert "range(start, tl.minimum(start + BLOCK_N + 23, SQ), BLOCK_M)" in src
+    # the cost model counts the pairs the window keeps: 1 + 2 + ... + 24 for the first 24 queries, then 24 each
+    subs = graph_binding(trace_request(req).forward, req, {"B": 1, "G": 1, "R": 2, "S": 200, "D": 16})
+    (st,) = build.forward.attentions
+    assert st.pairs(lambda shape: shape_numel(shape, subs)) == 300 + 176 * 24
     _check_backward(req, impl, {"B": 1, "G": 1, "R": 2, "S": 200, "D": 16}, torch.float32, 200)
     with pytest.raises(ValueError, match="sliding_window"):  # built for one window: another is refused by name
         q, k, v, sinks = (torch.randn(*s) for s in ((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (4,)))

@@ -403,8 +403,16 @@ class AttentionStage:
         return [self.q, self.k, self.v] + [n for n, k in zip(self.side, self.kinds) if k != "size"] + (
             [self.sinks] if self.sinks else [])
 
+    def pairs(self, numel) -> int:
+        """(query, key) pairs per head that a mask leaves finite (masked_band), of Sq·Sk."""
+        sq, sk = numel(self.shape[-2:-1]), numel([self.keys])
+        lo, hi = masked_band(self.score)
+        lo, hi = (-sq if lo is None else lo), (sk if hi is None else hi)
+        return sum(max(0, min(sk - 1, r + hi) - max(0, r + lo) + 1) for r in range(sq))
+
     def flops(self, numel) -> int:
-        """2·Sk·D per score and 2·Sk per output element and key: `numel` evaluates a symbolic shape."""
-        out, sk, d = numel(self.shape), numel([self.keys]), numel([self.head_dim])
-        queries = out // max(1, numel(self.shape[-1:]))
-        return 2 * queries * sk * d + 2 * out * sk
+        """2·D per score and 2 per output element, for each (query, key) pair the mask keeps: `numel` evaluates a
+        symbolic shape."""
+        heads = numel(self.shape) // max(1, numel(self.shape[-2:]))
+        d, dv = numel([self.head_dim]), numel(self.shape[-1:])
+        return heads * self.pairs(numel) * (2 * d + 2 * dv)

@@ -203,6 +203,7 @@ class AttentionBackwardStage(AttentionStage):
         return 2 + bool(self.dsinks)
 
     def flops(self, numel) -> int:
-        """Q·Kᵀ and dO·Vᵀ in three walks, then Pᵀ·dO, dscoresᵀ·Q and dscores·K: 18·D per query and key (D = Dv)."""
-        sk, d = numel([self.keys]), numel([self.head_dim])
-        return 18 * numel(self.shape) // max(1, d) * sk * d
+        """Q·Kᵀ and dO·Vᵀ in three walks, then Pᵀ·dO, dscoresᵀ·Q and dscores·K: 18·D per (query, key) pair the
+        mask keeps (D = Dv)."""
+        heads, d = numel(self.shape) // max(1, numel(self.shape[-2:])), numel([self.head_dim])
+        return heads * self.pairs(numel) * 18 * d
