@@ -90,6 +90,16 @@ def test_batched_products_with_a_scaled_residual_epilogue(tmp_path):
     _check(req, impl, {"B": 3, "N": 19, "K": 33, "M": 21}, torch.float32, 33)
 
 
+def test_per_column_and_per_row_scales_broadcast_into_the_epilogue(tmp_path):
+    # a per-output-channel scale (N,) and a per-row scale (M, 1) are read as tiles at stride 0: no glue kernel
+    path = _request(tmp_path, "scaled_linear", {"x": ["M", "K"], "w": ["N", "K"], "scale": ["N"], "rs": ["M", 1]},
+                    "return torch.relu(F.linear(x, w) * scale * rs)", {"M": 64, "K": 32, "N": 48})
+    req, build, impl = _impl(path, tmp_path)
+    (gemm,) = build.forward.gemms
+    assert not build.forward.glue and gemm.epilogue is not None and gemm.loads == ["scale", "rs"]
+    _check(req, impl, {"M": 19, "K": 33, "N": 21}, torch.float32, 33)
+
+
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     # a swiglu MLP: the gate and up products, then the down product of their SiLU-gated product
     path = _request(tmp_path, "mlp", {"x": ["N", "H"], "w1": ["F", "H"], "w3": ["F", "H"], "w2": ["H", "F"]},

@@ -206,9 +206,11 @@ def _depths(gm) -> dict:
     return depth
 
 
-def _subgraph(nodes: list, inputs: list, outputs: list, names: dict, sizes: dict) -> torch.fx.GraphModule:
+def _subgraph(nodes: list, inputs: list, outputs: list, names: dict, sizes: dict,
+              tile: torch.Tensor | None = None) -> torch.fx.GraphModule:
     """The nodes as a graph of their own: `inputs` become placeholders (named as in the pass), `outputs` its
-    output tuple, and each size of `sizes` is read off the input and dimension it names."""
+    output tuple, and each size of `sizes` is read off the input and dimension it names. With `tile` (an
+    epilogue's product), an input that broadcasts to it is seen at its shape: the kernel reads it as a tile."""
     g = torch.fx.Graph()
     env: dict = {}
     by_name: dict = {}  # a value and its detached alias are one input
@@ -216,6 +218,9 @@ def _subgraph(nodes: list, inputs: list, outputs: list, names: dict, sizes: dict
         if names[n] not in by_name:
             by_name[names[n]] = g.placeholder(names[n])
             by_name[names[n]].meta = dict(n.meta)
+            val = n.meta.get("val")
+            if tile is not None and isinstance(val, torch.Tensor) and val.numel() != 1 and val.shape != tile.shape:
+                by_name[names[n]].meta["val"] = val.expand(tile.shape)
         env[n] = by_name[names[n]]
     for n in nodes:
         if n in sizes:
@@ -334,7 +339,8 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             done.add(p)
             done.update(u for u in p.users if _stage_item(u))
         for part, g_inputs, g_outputs, fused, sizes in groups:
-            sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes)
+            sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes,
+                            fused.meta["val"] if fused is not None else None)
             plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
                              [(names[n], i) for i, n in enumerate(g_outputs)],
                              {names[n]: result_like.get(n) for n in g_outputs})
@@ -547,11 +553,19 @@ def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, res
                 u not in members and u.op != "output" for u in p.users):
             continue
         shape = tuple(p.meta["val"].shape)
-        fine = all(tuple(a.meta["val"].shape) in (shape, ()) or a.meta["val"].numel() == 1 for a in g_inputs)
+        fine = all(_broadcasts(a.meta["val"], shape) for a in g_inputs)
         outs_fine = all(tuple(n.meta["val"].shape) == shape for n in g_outputs)
         if fine and outs_fine and not any(_reduces(n) for n in glue_nodes):
             return p
     return None
+
+
+def _broadcasts(val, shape: tuple) -> bool:
+    """`val` broadcasts to `shape` without growing it: a per-row or per-column vector, a scalar, the shape itself.
+    The GEMM kernel reads such an input as a tile through the launcher's expand (stride 0 where it repeats)."""
+    if val.dim() > len(shape):
+        return False
+    return all(str(d) == "1" or str(d) == str(s) for d, s in zip(val.shape[::-1], shape[::-1]))
 
 
 def _reduces(n) -> bool:
