@@ -100,6 +100,37 @@ def test_per_column_and_per_row_scales_broadcast_into_the_epilogue(tmp_path):
     _check(req, impl, {"M": 19, "K": 33, "N": 21}, torch.float32, 33)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_weights_are_dequantized_on_the_operand_loads(tmp_path, dtype):
+    # the catalog's weight-only int8 linear: w_q · scale is the prologue of B in the forward GEMM and in the
+    # backward's dx = dC · W; the float weight is never in memory, only the int8 one is read
+    _, build, impl = _impl(EXAMPLES / "int8_weight_linear", tmp_path)
+    (fwd,) = build.forward.gemms
+    assert list(fwd.prologues) == ["b"] and fwd.prologues["b"].loads == ["w_q", "unsqueeze"]
+    assert not build.forward.glue and fwd.operand_reads == ["x", "w_q", "unsqueeze"]
+    (dx,) = build.backward.gemms
+    assert list(dx.prologues) == ["b"]
+    gen = torch.Generator().manual_seed(5)
+    m, k, n = 37, 70, 45
+    x = torch.randn(m, k, generator=gen, dtype=torch.float64)
+    w_q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, generator=gen, dtype=torch.float64) * 0.02 + 0.001
+    bias = torch.randn(n, generator=gen, dtype=torch.float64)
+    g = torch.randn(m, n, generator=gen, dtype=torch.float64).to(dtype)
+    got_x, got_b = x.to(dtype).to(DEVICE).requires_grad_(), bias.to(dtype).to(DEVICE).requires_grad_()
+    got = impl.int8_weight_linear(got_x, w_q.to(DEVICE), scale.to(dtype).to(DEVICE), got_b)
+    want_x, want_b = x.to(dtype).double().requires_grad_(), bias.to(dtype).double().requires_grad_()
+    # the reference in the dtype rounds the dequantized weight to it before the product, as the kernels do
+    w = (w_q.double() * scale.to(dtype).double()[:, None]).to(dtype).double()
+    want = torch.nn.functional.linear(want_x, w, want_b)
+    got_grads = torch.autograd.grad(got, [got_x, got_b], g.to(DEVICE))
+    want_grads = torch.autograd.grad(want, [want_x, want_b], g.double())
+    for name, a, b in zip(["out", "grad_x", "grad_bias"], [got, *got_grads], [want, *want_grads]):
+        assert a.dtype == dtype
+        res = compare(a.detach().cpu(), b.detach(), reduction_tolerance(dtype, k, b), name=name)
+        assert res["passed"], f"{dtype} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     # a swiglu MLP: the gate and up products, then the down product of their SiLU-gated product
     path = _request(tmp_path, "mlp", {"x": ["N", "H"], "w1": ["F", "H"], "w3": ["F", "H"], "w2": ["H", "F"]},

@@ -85,5 +85,5 @@ def test_index_inputs_never_take_a_gradient(tmp_path):
     assert {s.name: s.requires_grad for s in req.inputs} == {"x": True, "t": False, "w": True}
 
     inputs["t"]["requires_grad"] = True
-    with pytest.raises(InputError, match="t.requires_grad: an index input has no gradient"):
+    with pytest.raises(InputError, match="t.requires_grad: an integer input has no gradient"):
         load_request(write_request(tmp_path, "labels_grad", inputs, body, {"N": 5, "V": 7}))

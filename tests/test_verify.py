@@ -198,3 +198,16 @@ def test_quick_p0_scales_each_shape_down_to_the_interpreters_size():
     assert got == [{"N": 256, "M": 256}, {"N": 3, "M": 5}]
     assert all(numel(b) <= SHIPPED_BLOCKS_UP_TO for b in got)
     assert quick_p0([{"N": 70000, "M": 1}], numel) == [{"N": 35000, "M": 1}]  # odd sizes round up
+
+
+def test_where_the_float32_reference_overflows_any_overflow_of_the_kernel_is_accepted():
+    from opforge.verify.cases import overflow_truth
+
+    t64 = torch.tensor([-5.5e38, 1.0, 2.0e39, 3.0], dtype=torch.float64)  # beyond float32 at 0 and 2
+    t32 = torch.tensor([float("nan"), 1.0, float("inf"), 3.0])
+    actual = torch.tensor([float("-inf"), 1.0, 3.0e38, float("inf")])
+    truth, overflow = overflow_truth(actual, t64, t32)
+    assert overflow.tolist() == [True, False, True, False]
+    # -inf where the float32 path gave NaN: the same overflow in another order; a finite value there stays held
+    # to float64, and an inf where float32 did not overflow is an error
+    assert truth[0] == float("-inf") and truth[2] == 2.0e39 and truth[3] == 3.0

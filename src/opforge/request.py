@@ -22,7 +22,8 @@ from opforge.errors import InputError
 REQUEST_FILE = "request.yaml"
 CATEGORIES = ("elementwise", "reduction", "norm", "activation", "matmul", "attention", "other")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
-INDEX_DTYPES = ("int64", "int32")  # class labels and other indices: never differentiated, read exactly
+# integer inputs: class labels and other indices, quantized weights; never differentiated, read exactly
+INDEX_DTYPES = ("int64", "int32", "int8")
 ATTR_TYPES = {"float": float, "int": int, "bool": bool}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -221,9 +222,10 @@ def _shape(shape: list, where: str) -> None:
 def _index_range(rng, edges, requires_grad: bool, where: str) -> tuple:
     """An index input's [low, high): ints, or a shape entry for the bound ('V', the number of classes)."""
     if requires_grad:
-        raise _bad(f"{where}requires_grad", "an index input has no gradient")
+        raise _bad(f"{where}requires_grad", "an integer input has no gradient")
     if rng is None or len(rng) != 2:
-        raise _bad(f"{where}range", "an index input needs [low, high): e.g. [0, V] for class labels")
+        raise _bad(f"{where}range", "an integer input needs [low, high): e.g. [0, V] for class labels, "
+                                    "[-127, 128] for int8 weights")
     for v in rng:
         ok = (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and _PRODUCT.match(v)
                                                                    and dim_symbols(v))

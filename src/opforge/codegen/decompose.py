@@ -198,13 +198,17 @@ def rewrite_inplace(gm: torch.fx.GraphModule) -> None:
 
 
 def drop_full_slices(gm: torch.fx.GraphModule) -> None:
-    """A slice that keeps a whole dimension (`x[:, None]` traces one for the `:`) is its source: no planner
-    has to tell it from a real one."""
+    """A slice that keeps a whole dimension (`x[:, None]` traces one for the `:`) is its source, and its
+    gradient (slice_backward of the same slice) is the gradient itself: no planner has to tell them from real
+    ones."""
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target != aten.slice.Tensor:
+        if node.op != "call_function" or node.target not in (aten.slice.Tensor, aten.slice_backward.default):
             continue
-        src, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]
+        if node.target == aten.slice_backward.default:  # its gradient: (grad, sizes, dim, start, end, step)
+            src, _, dim, start, end, step = node.args
+        else:
+            src, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]
         if (start or 0) != 0 or step != 1 or str(node.meta["val"].shape) != str(src.meta["val"].shape):
             continue
         node.replace_all_uses_with(src)

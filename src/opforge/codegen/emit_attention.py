@@ -255,7 +255,7 @@ def emit_attention_kernel(op: str, st) -> str:
     else:
         b("    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)  # running max of each query's scores")
         b("    l = tl.full((BLOCK_M,), 0.0, tl.float32)  # running sum of exp(score - m)")
-    b("    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)")
+    b("    o_sum = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)  # running Σ exp(score - m)·v")
     lines += _key_walk(st, "    ")
     b("        cols = start + tl.arange(0, BLOCK_N)  # key positions")
     lines += _load("kt", "k_ptr", _KT, _KT_MASK, "        ")
@@ -268,10 +268,10 @@ def emit_attention_kernel(op: str, st) -> str:
     b("        l = l * alpha + tl.sum(p, 1)")
     lines += _load("vt", "v_ptr", "b * v_sb + kv * v_sh + cols[:, None] * v_sm + rdv[None, :] * v_sd",
                    "(cols[:, None] < SK) & (rdv[None, :] < DV)", "        ")
-    b("        acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, DOT_DTYPE), _dot_operand(vt, DOT_DTYPE),")
-    b("                                            input_precision=PRECISION)")
+    b("        o_sum = o_sum * alpha[:, None] + tl.dot(_dot_operand(p, DOT_DTYPE), _dot_operand(vt, DOT_DTYPE),")
+    b("                                                input_precision=PRECISION)")
     b("        m = m_new")
-    b("    out = acc / l[:, None]  # a query with every key masked: 0 / 0, NaN as torch's softmax gives")
+    b("    out = o_sum / l[:, None]  # a query with every key masked: 0 / 0, NaN as torch's softmax gives")
     b("    tl.store(out_ptr + bh.to(tl.int64) * out_sbh + rows[:, None] * out_sm + rdv[None, :] * out_sd,")
     b("             _to_dtype(out, out_ptr.dtype.element_ty), mask=(rows[:, None] < SQ) & (rdv[None, :] < DV))")
     return "\n".join(lines) + "\n"
@@ -398,15 +398,15 @@ def emit_attention_backward_kernels(op: str, st) -> str:
                         "fixed order.")
         lines += ["    h = tl.program_id(0).to(tl.int64)",
                   "    sink = _to_f32(tl.load(sinks_ptr + h * sinks_sh))",
-                  "    acc = tl.zeros((BLOCK_M,), tl.float32)",
+                  "    terms = tl.zeros((BLOCK_M,), tl.float32)",
                   "    for b in range(0, B):",
                   "        for first in range(0, SQ, BLOCK_M):",
                   "            rows = first + tl.arange(0, BLOCK_M)",
                   "            at = (b * H + h) * SQ + rows",
                   "            lse = tl.load(lse_ptr + at, mask=rows < SQ, other=float('inf'))",
                   "            delta = tl.load(delta_ptr + at, mask=rows < SQ, other=0.0)",
-                  "            acc += tl.exp(sink - lse) * delta",
-                  "    tl.store(dsinks_ptr + h * dsinks_sh, _to_dtype(-tl.sum(acc, 0), dsinks_ptr.dtype.element_ty))"]
+                  "            terms += tl.exp(sink - lse) * delta",
+                  "    tl.store(dsinks_ptr + h * dsinks_sh, _to_dtype(-tl.sum(terms, 0), dsinks_ptr.dtype.element_ty))"]
         parts.append("\n".join(lines))
     return "\n\n\n".join(parts) + "\n"
 

@@ -4,8 +4,10 @@ The kernel is the classic tiled product: each program owns a BLOCK_M × BLOCK_N 
 steps, accumulates in float32 with `tl.dot`, and masks every load, so any M, N, K work. Programs are numbered
 in groups of GROUP_M tile rows, so that the tiles running together share their B columns in L2. Operands and
 outputs are read through their strides (batch, rows, columns), which is how the launcher's transposes and
-broadcasts reach the kernel without a copy. After the K loop the tile is still in registers: addmm's bias is
-added there, and a fused epilogue (the flat planner's statements) runs on it before the one store.
+broadcasts reach the kernel without a copy. An operand computed by pointwise work alone (a weight's
+dequantization) is computed on each K step's tile from that work's inputs (the prologue). After the K loop the
+tile is still in registers: addmm's bias is added there, and a fused epilogue (the flat planner's statements)
+runs on it before the one store.
 """
 
 from __future__ import annotations
@@ -59,16 +61,57 @@ def _tile(name: str) -> str:
     return f"{name}_ptr + bid * {name}_sb + rm[:, None] * {name}_sm + rn[None, :] * {name}_sn"
 
 
+# where an operand's tile lies: A's rows and K columns, B's K rows and columns
+_AT = {"a": ("rm", "kk", "(rm[:, None] < M) & (kk[None, :] < K)"),
+       "b": ("kk", "rn", "(kk[:, None] < K) & (rn[None, :] < N)")}
+
+
+def _operand_params(st: GemmStage) -> tuple[list[str], list[str]]:
+    """Pointers, and strides, of the operands: the operand itself, or its prologue's inputs (prefixed a_, b_)."""
+    ptrs, strides = [], []
+    for side in ("a", "b"):
+        pro = st.prologues.get(side)
+        if pro is None:
+            ptrs.append(f"{side}_ptr")
+            strides += [f"{side}_sb", f"{side}_s0", f"{side}_s1"]
+            continue
+        ptrs += [f"{side}_{n}_ptr" for n in pro.loads + pro.scalars]
+        strides += [f"{side}_{n}_{x}" for n in pro.loads for x in ("sb", "s0", "s1")]
+    return ptrs, strides
+
+
+def _operand_tile(st: GemmStage, side: str) -> list[str]:
+    """The K step's tile of one operand: loaded, or computed by its prologue from its inputs' tiles."""
+    r0, r1, inside = _AT[side]
+    at = f"bid * {{p}}_sb + {r0}[:, None] * {{p}}_s0 + {r1}[None, :] * {{p}}_s1"
+    pro = st.prologues.get(side)
+    if pro is None:
+        return [f"        {side} = tl.load({side}_ptr + {at.format(p=side)},",
+                f"                    mask={inside}, other=0.0)"]
+    lines = [f"        # {side.upper()} computed on the tile from its prologue's inputs: never in memory",
+             f"        inside = {inside}"]
+    for n in pro.loads:
+        lines += [f"        {n} = _to_f32(tl.load(", f"            {side}_{n}_ptr + {at.format(p=f'{side}_{n}')},",
+                  "            mask=inside, other=0.0))"]
+    for s in pro.plan.body:
+        lines.append(f"        {s.target} = {s.expr}  # {s.comment}")
+    value = pro.plan.outputs[0].value
+    lines.append(f"        {side} = tl.where(inside, {value}, 0.0)  # past the edges: zeros, which add nothing")
+    return lines
+
+
 def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     tiles = st.tiles_in + st.writes
-    params = ["a_ptr", "b_ptr"] + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"]
-    params += ["a_sb", "a_sm", "a_sk", "b_sb", "b_sk", "b_sn"]
+    operand_ptrs, operand_strides = _operand_params(st)
+    params = operand_ptrs + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"] + operand_strides
     params += [f"{n}_{s}" for n in tiles for s in ("sb", "sm", "sn")]
     params += (st.epilogue.attrs if st.epilogue else [])
+    params += list(dict.fromkeys(a for pro in st.prologues.values() for a in pro.plan.attrs))
     params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
                "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
     what = "C = A·B" + ("" if not st.bias else " + bias" if st.alpha == st.beta == 1 else
                           f", then {st.beta:g}·bias + {st.alpha:g}·C")
+    what += "".join(f", {side.upper()} computed by its prologue" for side in st.prologues)
     what += ", then the epilogue on the tile" if st.epilogue else ""
     lines = ["@triton.jit", f"def {gemm_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
              f'    """{st.name}: {what}; stores {", ".join(st.writes)}."""']
@@ -84,13 +127,13 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     b("    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)")
     b("    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)")
     b("    rk = tl.arange(0, BLOCK_K)")
+    for side, pro in st.prologues.items():
+        for n in pro.scalars:
+            b(f"    {n} = _to_f32(tl.load({side}_{n}_ptr))  # one value for the whole tensor")
     b("    accumulator = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
     b("    for k in range(0, K, BLOCK_K):")
     b("        kk = k + rk  # the last step runs past K: masked to zeros, which add nothing")
-    b("        a = tl.load(a_ptr + bid * a_sb + rm[:, None] * a_sm + kk[None, :] * a_sk,")
-    b("                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)")
-    b("        b = tl.load(b_ptr + bid * b_sb + kk[:, None] * b_sk + rn[None, :] * b_sn,")
-    b("                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)")
+    lines += _operand_tile(st, "a") + _operand_tile(st, "b")
     b("        accumulator = tl.dot(_dot_operand(a, DOT_DTYPE), _dot_operand(b, DOT_DTYPE), accumulator,")
     b("                             input_precision=PRECISION)")
     b("    mask = (rm[:, None] < M) & (rn[None, :] < N)")
@@ -124,6 +167,22 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
     b = lines.append
     a, bb = st.a, st.b
+    operands, strided = [], []  # the kernel's pointers for A and B, and the tensors among them it strides
+    for side, name in (("a", st.a), ("b", st.b)):
+        pro = st.prologues.get(side)
+        if pro is None:
+            operands.append(name)
+            strided.append(name)
+            continue
+        # each input broadcast to the prologue's shape and taken through the operand's views
+        b(f"    {side}_shape = torch.broadcast_shapes({', '.join(f'{n}.shape' for n in pro.loads + pro.scalars)})")
+        for n in pro.loads:
+            views = "".join(f".{m}({', '.join(args)})" for m, args in pro.views)
+            b(f"    {side}_{n} = {n}.expand({side}_shape){views}")
+        operands += [f"{side}_{n}" for n in pro.loads] + pro.scalars
+        strided += [f"{side}_{n}" for n in pro.loads]
+        name = f"{side}_{pro.loads[0]}"
+        (a, bb) = (name, bb) if side == "a" else (a, name)
     b(f"    batch = {a}.shape[0] if {a}.dim() == 3 else 1")
     b(f"    M, K, N = {a}.shape[-2], {a}.shape[-1], {bb}.shape[-1]")
     b(f"    if {bb}.shape[-2] != K or {bb}.dim() != {a}.dim():")
@@ -137,15 +196,21 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
         b(f"    {t}_v = {t}.expand(shape)")
     # 16-bit operands multiply on the tensor cores in their dtype; a float32 operand (a buffer between stages)
     # keeps float32: tf32 when the operator is 16-bit, IEEE float32 when it is float32 (its tolerance)
-    b(f"    dot = _DOT_DTYPE[{a}.dtype] if {a}.dtype == {bb}.dtype else tl.float32")
+    # a prologue's operand is in the operator's dtype, as the reference's dequantized weight is
+    dtypes = [f"{tensor_args[0]}.dtype" if side in st.prologues else f"{t}.dtype" for side, t in (("a", a), ("b", bb))]
+    if dtypes[0] == dtypes[1]:
+        b(f"    dot = _DOT_DTYPE[{dtypes[0]}]")
+    else:
+        b(f"    dot = _DOT_DTYPE[{dtypes[0]}] if {dtypes[0]} == {dtypes[1]} else tl.float32")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
     b("    grid = (triton.cdiv(M, GEMM_BLOCK_M) * triton.cdiv(N, GEMM_BLOCK_N), batch)")
     views = {t: f"{t}_v" for t in st.tiles_in}
     tiles = st.tiles_in + st.writes
-    args = [a, bb] + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
-    args += [_strides3(a, st.batched), _strides3(bb, st.batched)]
+    args = operands + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
+    args += [_strides3(t, st.batched) for t in strided]
     args += [_strides3(views.get(t, t), st.batched) for t in tiles]
     args += (st.epilogue.attrs if st.epilogue else [])
+    args += list(dict.fromkeys(x for pro in st.prologues.values() for x in pro.plan.attrs))
     b(f"    {gemm_kernel_name(op, st)}[grid](")
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
     b("        BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, GROUP_M=GEMM_GROUP_M, DOT_DTYPE=dot,")

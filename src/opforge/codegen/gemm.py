@@ -80,6 +80,17 @@ def _stage_item(n) -> bool:
 
 
 @dataclass
+class Prologue:
+    """Pointwise work whose only reader is one operand of a product (a weight's dequantization): it runs on each
+    K step's operand tile as the tile is loaded, so the operand is never in memory."""
+
+    plan: KernelPlan  # flat and pointwise, on the value before its views
+    loads: list[str]  # inputs read as tiles: broadcast to the value's shape, then taken through `views`
+    scalars: list[str]  # one-value inputs
+    views: list[tuple[str, tuple]]  # (Tensor method, arguments as source) from the value to the operand
+
+
+@dataclass
 class GemmStage:
     """One product C = A·B (batched for bmm), addmm's beta·bias + alpha·C, then an optional pointwise epilogue."""
 
@@ -99,6 +110,16 @@ class GemmStage:
     acc_input: str | None = None  # the epilogue's input that is the product
     loads: list[str] = field(default_factory=list)  # the epilogue's other inputs, at the product's shape
     scalars: list[str] = field(default_factory=list)  # the epilogue's one-value inputs
+    prologues: dict = field(default_factory=dict)  # "a" or "b" -> the Prologue that computes that operand
+
+    @property
+    def operand_reads(self) -> list[str]:
+        """What the K loop reads: each operand, or the inputs of the prologue that computes it."""
+        out = []
+        for side, name in (("a", self.a), ("b", self.b)):
+            pro = self.prologues.get(side)
+            out += pro.loads + pro.scalars if pro else [name]
+        return out
 
     @property
     def tiles_in(self) -> list[str]:
@@ -167,7 +188,8 @@ class StagedPlan(PlanOfParts):
         out = []
         for s in self.steps:
             if isinstance(s, GemmStage):
-                out += [(v, "read") for v in [s.a, s.b] + s.tiles_in + s.scalars] + [(v, "write") for v in s.writes]
+                out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars]
+                out += [(v, "write") for v in s.writes]
             elif isinstance(s, AttentionStage):
                 out += [(v, "read") for v in s.reads] + [(v, "write") for v in s.writes]
             elif isinstance(s, GlueStage):
@@ -312,6 +334,14 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         steps.append(HostView(names[v], op_name(v.target), tuple(host_source(a, names, placeholders) for a in v.args)))
         done.add(v)
 
+    prologues: dict = {}  # product -> {"a" or "b": Prologue}, found with the glue of the depth before it
+    prologue_inputs: dict = {}  # product -> what its prologues read
+
+    def gemm(stage_name: str, p) -> GemmStage:
+        stage = _gemm(stage_name, p, names, result_like)
+        stage.prologues = prologues.get(p, {})
+        return stage
+
     for d in range(max(depth.values(), default=0) + 1):
         prods = [p for p in products if depth[p] == d]
         groups = []  # the glue of this depth, one stage per connected part: each has its own shape
@@ -323,8 +353,10 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             fused = _fusable(prods, part, g_inputs, g_outputs, results, members)
             groups.append((part, g_inputs, g_outputs, fused, sizes))
         for p in prods:
-            for a in p.all_input_nodes:
-                need(a)
+            computed = {operands(p)["ab".index(side)] for side in prologues.get(p, {})}
+            for a in p.all_input_nodes + prologue_inputs.get(p, []):
+                if a not in computed:
+                    need(a)
         epilogues = {g[3] for g in groups}
         for p in prods:
             if p in epilogues:
@@ -335,24 +367,39 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             elif op in (ATTENTION_OP, ATTENTION_BACKWARD):
                 steps.append(_traced_attention(f"{name}_{next(count)}", p, names, result_like, input_names))
             else:
-                steps.append(_gemm(f"{name}_{next(count)}", p, names, result_like))
+                steps.append(gemm(f"{name}_{next(count)}", p))
             done.add(p)
             done.update(u for u in p.users if _stage_item(u))
         for part, g_inputs, g_outputs, fused, sizes in groups:
+            target = None  # the product operand this part alone computes, through views: its prologue
+            if fused is None and len(g_outputs) == 1 and g_outputs[0] not in results:
+                target = _operand_chain(g_outputs[0], host, needed)
+            tile = fused if fused is not None else g_outputs[0] if target else None
             sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes,
-                            fused.meta["val"] if fused is not None else None)
+                            tile.meta["val"] if tile is not None else None)
             plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
                              [(names[n], i) for i, n in enumerate(g_outputs)],
                              {names[n]: result_like.get(n) for n in g_outputs})
-            if fused is not None and not (isinstance(plan, KernelPlan) and not plan.reductions):
-                steps.append(_gemm(f"{name}_{next(count)}", fused, names, result_like))  # stored, then the glue
+            pointwise = isinstance(plan, KernelPlan) and not plan.reductions
+            if target is not None and pointwise:
+                p, side, views = target
+                ins = list(dict.fromkeys(names[a] for a in g_inputs))
+                full = {a.name for a in plan.inputs if a.full}
+                prologues.setdefault(p, {})[side] = Prologue(
+                    plan, [n for n in ins if n in full], [n for n in ins if n not in full],
+                    [(VIEW_METHODS[op_name(v.target)], tuple(host_source(a, names, placeholders) for a in v.args[1:]))
+                     for v in views])
+                prologue_inputs.setdefault(p, []).extend(g_inputs)
+                continue
+            if fused is not None and not pointwise:
+                steps.append(gemm(f"{name}_{next(count)}", fused))  # stored, then the glue
                 done.add(fused)
                 fused = None
             for a in g_inputs:
                 if a is not fused:
                     need(a)
             if fused is not None:
-                stage = _gemm(plan.name, fused, names, result_like)  # the epilogue's kernel is the product's
+                stage = gemm(plan.name, fused)  # the epilogue's kernel is the product's
                 full = {a.name for a in plan.inputs if a.full}
                 stage.epilogue, stage.acc_input = plan, names[fused]
                 stage.store_product = fused in results  # returned too (saved for the backward): one more store
@@ -558,6 +605,29 @@ def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, res
         if fine and outs_fine and not any(_reduces(n) for n in glue_nodes):
             return p
     return None
+
+
+PROLOGUE_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.unsqueeze.default",
+                  "aten.expand.default"}  # views that take a broadcast (stride-0) tensor as they take any other
+
+
+def _operand_chain(value, host: set, needed: set) -> tuple | None:
+    """(product, "a" or "b", views) when `value` is read by nothing the pass needs but one operand of one
+    product, through views the launcher takes on each prologue input; else None."""
+    views, n = [], value
+    while True:
+        users = [u for u in n.users if u in needed and not _symbolic(u)]
+        if len(users) != 1:
+            return None
+        u = users[0]
+        key = op_name(u.target) if u.op == "call_function" else None
+        if key in PRODUCTS:
+            a, b = operands(u)
+            return (u, "a" if n is a else "b", views) if (n is a) != (n is b) else None
+        if u not in host or key not in PROLOGUE_VIEWS:
+            return None
+        views.append(u)
+        n = u
 
 
 def _broadcasts(val, shape: tuple) -> bool:

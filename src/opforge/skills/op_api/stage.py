@@ -22,7 +22,7 @@ from opforge.skills.op_api.markdown import cell
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
-ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4}
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4, "int8": 1}
 
 
 def _input_bytes(req: Request, name: str, eb: int) -> int:
@@ -100,8 +100,11 @@ def _flops(plan, gm, req, binding, n_elem: int) -> int:
     subs = graph_binding(gm, req, binding)
     total = 0
     for st in plan.gemms:
-        n = shape_numel(st.shape, subs)
-        total += 2 * n * shape_numel([st.k], subs) + (len(st.epilogue.body) * n if st.epilogue else 0)
+        n, k = shape_numel(st.shape, subs), shape_numel([st.k], subs)
+        total += 2 * n * k + (len(st.epilogue.body) * n if st.epilogue else 0)
+        for side, pro in st.prologues.items():  # one statement per operand element: M·K for A, K·N for B
+            other = st.shape[-1] if side == "a" else st.shape[-2]
+            total += len(pro.plan.body) * n * k // max(1, shape_numel([other], subs))
     total += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in plan.attentions)
     return total + sum(len(p.body + p.epilogue) * n_elem for p in plan.glue)
 
@@ -209,7 +212,9 @@ def _staged_notes(plans: list) -> list[str]:
         for st in p.gemms:
             what = "batched product" if st.batched else "product"
             epi = f", then {len(st.epilogue.body)} fused statements on the tile" if st.epilogue else ""
-            out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{epi}; stores {', '.join(st.writes)}.")
+            pro = "".join(f", {side.upper()} computed on its tiles from {', '.join(p.loads + p.scalars)}"
+                          for side, p in st.prologues.items())
+            out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{pro}{epi}; stores {', '.join(st.writes)}.")
         for st in p.attentions:
             if isinstance(st, AttentionBackwardStage):
                 out.append(f"- {st.name}: attention backward, {', '.join(st.writes)} from {st.q}, {st.k}, {st.v} and "

@@ -47,12 +47,16 @@ def _gemm_summary(st: GemmStage) -> dict:
         "product": f"{st.node} = {st.a} · {st.b}" + (f" ({st.beta:g}·{st.bias} + {st.alpha:g}·product)"
                                                       if st.bias else ""),
         "batched": st.batched,
-        "reads": [{"name": n, "operand": "operand"} for n in (st.a, st.b)]
+        "reads": [{"name": n, "operand": "operand"} for side, n in (("a", st.a), ("b", st.b))
+                  if side not in st.prologues]
+        + [{"name": n, "operand": f"prologue of {side.upper()}"} for side, pro in st.prologues.items()
+           for n in pro.loads + pro.scalars]
         + [{"name": n, "operand": "broadcast"} for n in st.tiles_in]
         + [{"name": n, "operand": "scalar"} for n in st.scalars],
         "writes": [{"name": n, "operand": "full", "when": "every program, tile by tile"} for n in st.writes],
         "statements": len(ep.body) if ep else 0,
         "epilogue_fused": ep is not None,
+        "prologues": {side.upper(): len(pro.plan.body) for side, pro in st.prologues.items()},
         "runtime_attributes": ep.attrs if ep else [],
     }
 
@@ -127,6 +131,9 @@ def _kernel_md(plan) -> list[str]:
         lines.insert(2, f"- {'batched ' if s['batched'] else ''}product {s['product']}: BLOCK_M × BLOCK_N tiles, "
                         "K walked in BLOCK_K steps into a float32 accumulator (tl.dot), programs grouped by "
                         "GROUP_M tile rows; operands read through their strides (transposes are views);")
+        for side, n in s["prologues"].items():
+            lines.append(f"- {side} is computed on each K step's tile from its prologue's inputs ({n} pointwise "
+                         f"statement{'s' if n != 1 else ''}, a dequantization for one): {side} is never in memory;")
         if s["epilogue_fused"]:
             lines.append("- the pointwise work after the product runs on the tile in registers (epilogue): the "
                          "product is never written;")
