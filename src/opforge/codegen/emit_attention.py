@@ -219,6 +219,27 @@ def _plus(expr: str, k: int) -> str:
     return expr if k == 0 else f"{expr} + {k}" if k > 0 else f"{expr} - {-k}"
 
 
+def _online_start(st) -> list[str]:
+    """The one-value inputs, then each query's running max m and sum l of the online softmax: a sink joins the
+    denominator only, so the walk starts as if it had seen one key of logit `sink`."""
+    lines = [f"    {n} = _to_f32(tl.load({n}_ptr))  # one value for the whole tensor" for n in _kinds(st, "scalar")]
+    if st.sinks:
+        return lines + ["    m = tl.full((BLOCK_M,), 0.0, tl.float32) + _to_f32(tl.load(sinks_ptr + h * sinks_sh))",
+                        "    l = tl.full((BLOCK_M,), 1.0, tl.float32)  # the sink's own term"]
+    return lines + ["    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)  # running max of each query's scores",
+                    "    l = tl.full((BLOCK_M,), 0.0, tl.float32)  # running sum of exp(score - m)"]
+
+
+# one step of the online softmax over a block of scores s: the new max, the block's exponentials p and the
+# factor alpha that rescales what was summed under the old max
+_ONLINE_STEP = ["        m_new = tl.maximum(m, tl.max(s, 1))",
+                "        # a query whose keys so far are all masked keeps m = -inf: shift by 0 there, not by -inf",
+                "        shift = tl.where(m_new == -float('inf'), 0.0, m_new)",
+                "        p = tl.exp(s - shift[:, None])",
+                "        alpha = tl.exp(m - shift)",
+                "        l = l * alpha + tl.sum(p, 1)"]
+
+
 _CONSTEXPRS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_D: tl.constexpr", "BLOCK_DV: tl.constexpr",
                "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
 _QKV_STRIDES = [f"{t}_{s}" for t in ("q", "k", "v") for s in ("sb", "sh", "sm", "sd")]
@@ -232,7 +253,6 @@ def emit_attention_kernel(op: str, st) -> str:
     if isinstance(st, AttentionBackwardStage):
         return emit_attention_backward_kernels(op, st)
     ptrs, rest = _side_params(st)
-    scalars = _kinds(st, "scalar")
     params = ["q_ptr", "k_ptr", "v_ptr", "out_ptr"] + ptrs
     params += ["H", "GROUPS", "SQ", "SK", "D", "DV"] + _QKV_STRIDES
     params += ["out_sbh", "out_sm", "out_sd"] + rest + _CONSTEXPRS
@@ -246,26 +266,13 @@ def emit_attention_kernel(op: str, st) -> str:
     b("    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # query positions")
     b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
     lines += _load("q", "q_ptr", _Q, _Q_MASK, "    ", dot=True)
-    for n in scalars:
-        b(f"    {n} = _to_f32(tl.load({n}_ptr))  # one value for the whole tensor")
-    if st.sinks:
-        b("    # the sink joins the denominator only: the walk starts as if it had seen one key of logit `sink`")
-        b("    m = tl.full((BLOCK_M,), 0.0, tl.float32) + _to_f32(tl.load(sinks_ptr + h * sinks_sh))")
-        b("    l = tl.full((BLOCK_M,), 1.0, tl.float32)")
-    else:
-        b("    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)  # running max of each query's scores")
-        b("    l = tl.full((BLOCK_M,), 0.0, tl.float32)  # running sum of exp(score - m)")
+    lines += _online_start(st)
     b("    o_sum = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)  # running Σ exp(score - m)·v")
     lines += _key_walk(st, "    ")
     b("        cols = start + tl.arange(0, BLOCK_N)  # key positions")
     lines += _load("kt", "k_ptr", _KT, _KT_MASK, "        ")
     lines += _score_tile(st, "        ")
-    b("        m_new = tl.maximum(m, tl.max(s, 1))")
-    b("        # a query whose keys so far are all masked keeps m = -inf: shift by 0 there, not by -inf")
-    b("        shift = tl.where(m_new == -float('inf'), 0.0, m_new)")
-    b("        p = tl.exp(s - shift[:, None])")
-    b("        alpha = tl.exp(m - shift)")
-    b("        l = l * alpha + tl.sum(p, 1)")
+    lines += _ONLINE_STEP
     lines += _load("vt", "v_ptr", "b * v_sb + kv * v_sh + cols[:, None] * v_sm + rdv[None, :] * v_sd",
                    "(cols[:, None] < SK) & (rdv[None, :] < DV)", "        ")
     b("        o_sum = o_sum * alpha[:, None] + tl.dot(_dot_operand(p, DOT_DTYPE), _dot_operand(vt, DOT_DTYPE),")
@@ -321,24 +328,13 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
     lines += _load("q", "q_ptr", _Q, _Q_MASK, "    ", dot=True)
     lines += ["    " + x for x in do_load]
-    for n in scalars:
-        b(f"    {n} = _to_f32(tl.load({n}_ptr))")
-    if st.sinks:
-        b("    m = tl.full((BLOCK_M,), 0.0, tl.float32) + _to_f32(tl.load(sinks_ptr + h * sinks_sh))")
-        b("    l = tl.full((BLOCK_M,), 1.0, tl.float32)  # the sink's own term; its dP is 0")
-    else:
-        b("    m = tl.full((BLOCK_M,), -float('inf'), tl.float32)")
-        b("    l = tl.full((BLOCK_M,), 0.0, tl.float32)")
+    lines += _online_start(st)
     b("    pdp = tl.zeros((BLOCK_M,), tl.float32)  # running Σ exp(s - m)·dP, rescaled with l")
     lines += _key_walk(st, "    ")
     lines += keys("        ")
     lines += _score_tile(st, "        ")
-    b("        m_new = tl.maximum(m, tl.max(s, 1))")
-    b("        shift = tl.where(m_new == -float('inf'), 0.0, m_new)")
-    b("        p = tl.exp(s - shift[:, None])")
-    b("        alpha = tl.exp(m - shift)")
+    lines += _ONLINE_STEP
     b("        dp = tl.dot(do, _dot_operand(vt, DOT_DTYPE), input_precision=PRECISION)")
-    b("        l = l * alpha + tl.sum(p, 1)")
     b("        pdp = pdp * alpha + tl.sum(p * dp, 1)")
     b("        m = m_new")
     b("    lse = m + tl.log(l)")
