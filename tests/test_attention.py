@@ -4,7 +4,6 @@ are not multiples of the blocks, in the block sizes that ship."""
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import textwrap
@@ -14,7 +13,7 @@ import pytest
 import torch
 import yaml
 from test_catalog import reduction_tolerance
-from test_gemm import _impl
+from test_gemm import _check_backward, _impl
 
 from opforge.codegen.attention import AttentionStage
 from opforge.codegen.attention_grad import AttentionBackwardStage
@@ -105,38 +104,6 @@ def test_three_dimensional_operands_multiplied_with_bmm(tmp_path):
     req, build, impl = _impl(path, tmp_path)
     assert len(build.forward.attentions) == 1 and not build.forward.gemms
     _check(req, impl, {"N": 5, "S": 33, "T": 70, "D": 20}, torch.float32, 70)
-
-
-def _gradients(req, impl, binding: dict, dtype):
-    """Outputs and input gradients of the op in `dtype`, of the reference in float64 and of the reference in
-    `dtype` (eager PyTorch), for one upstream gradient."""
-    gen = torch.Generator().manual_seed(5)
-    ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
-    wrt = [s.requires_grad for s in req.inputs]
-
-    def run(f, dt, device):
-        xs = [t.to(dt).to(device).requires_grad_(w) for t, w in zip(ins, wrt)]
-        out = f(*xs)
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-        grads = torch.autograd.grad(out, [x for x in xs if x.requires_grad], g.to(dtype).to(out.dtype).to(device))
-        return [t.detach().cpu().double() for t in (out, *grads)]
-
-    names = ["out"] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
-    ref = functools.partial(req.load_reference(), **req.attr_defaults)
-    return names, run(getattr(impl, req.name), dtype, DEVICE), run(ref, torch.float64, "cpu"), run(ref, dtype, "cpu")
-
-
-def _check_backward(req, impl, binding: dict, dtype, k: int):
-    """float32 against float64 within the reduction's tolerance; a 16-bit dtype within twice the error eager
-    PyTorch makes in that dtype (its probabilities, dS and outputs are rounded as the kernels' are)."""
-    names, got, want, eager = _gradients(req, impl, binding, dtype)
-    for name, a, w, e in zip(names, got, want, eager):
-        if dtype == torch.float32:
-            res = compare(a, w, reduction_tolerance(dtype, k, w), name=name)
-            assert res["passed"], f"{req.name} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
-        else:
-            err, allowed = float((a - w).abs().max()), 2 * float((e - w).abs().max()) + 1e-6
-            assert err <= allowed, f"{req.name} {dtype} {binding} {name}: {err} > 2 × eager's error ({allowed})"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

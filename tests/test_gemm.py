@@ -4,6 +4,7 @@ Shapes are small and not multiples of the tiles; the kernels run at the block si
 
 from __future__ import annotations
 
+import functools
 import os
 import textwrap
 from pathlib import Path
@@ -64,6 +65,38 @@ def _check(req, impl, binding: dict, dtype, k: int):
         assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.shape)
         res = compare(a.detach(), b.detach(), reduction_tolerance(dtype, k, b), name=name)
         assert res["passed"], f"{req.name} {dtype} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
+def _gradients(req, impl, binding: dict, dtype):
+    """Outputs and input gradients of the op in `dtype`, of the reference in float64 and of the reference in
+    `dtype` (eager PyTorch), for one upstream gradient."""
+    gen = torch.Generator().manual_seed(5)
+    ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
+    wrt = [s.requires_grad for s in req.inputs]
+
+    def run(f, dt, device):
+        xs = [t.to(dt).to(device).requires_grad_(w) for t, w in zip(ins, wrt)]
+        out = f(*xs)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+        grads = torch.autograd.grad(out, [x for x in xs if x.requires_grad], g.to(dtype).to(out.dtype).to(device))
+        return [t.detach().cpu().double() for t in (out, *grads)]
+
+    names = ["out"] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
+    ref = functools.partial(req.load_reference(), **req.attr_defaults)
+    return names, run(getattr(impl, req.name), dtype, DEVICE), run(ref, torch.float64, "cpu"), run(ref, dtype, "cpu")
+
+
+def _check_backward(req, impl, binding: dict, dtype, k: int):
+    """float32 against float64 within the reduction's tolerance; a 16-bit dtype within twice the error eager
+    PyTorch makes in that dtype (which rounds probabilities, normalised rows and outputs where the kernels do)."""
+    names, got, want, eager = _gradients(req, impl, binding, dtype)
+    for name, a, w, e in zip(names, got, want, eager):
+        if dtype == torch.float32:
+            res = compare(a, w, reduction_tolerance(dtype, k, w), name=name)
+            assert res["passed"], f"{req.name} {binding} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+        else:
+            err, allowed = float((a - w).abs().max()), 2 * float((e - w).abs().max()) + 1e-6
+            assert err <= allowed, f"{req.name} {dtype} {binding} {name}: {err} > 2 × eager's error ({allowed})"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -129,6 +162,20 @@ def test_int8_weights_are_dequantized_on_the_operand_loads(tmp_path, dtype):
         assert a.dtype == dtype
         res = compare(a.detach().cpu(), b.detach(), reduction_tolerance(dtype, k, b), name=name)
         assert res["passed"], f"{dtype} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_linear_normalises_in_the_products_prologue(tmp_path, dtype):
+    # the row statistics are a glue stage writing one value per row; x · rstd · gamma is computed on the
+    # product's A tiles, so the normalised activations are never in memory
+    req, build, impl = _impl(EXAMPLES / "rms_norm_linear", tmp_path)
+    (stats,) = build.forward.glue
+    (gemm,) = build.forward.gemms
+    assert list(gemm.prologues) == ["a"] and {"x", "gamma"} <= set(gemm.prologues["a"].loads)
+    assert [o.name for o in stats.outputs] == [n for n in gemm.prologues["a"].loads if n not in ("x", "gamma")]
+    # in bfloat16 the normalised rows are rounded before the product, as the reference rounds them (.to(x.dtype)):
+    # held to twice eager's error there, to float64 in float32
+    _check_backward(req, impl, {"N": 19, "H": 70, "M": 33}, dtype, 70)
 
 
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):

@@ -23,7 +23,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage
-from opforge.codegen.ops import OP_TABLE, REDUCTION, SYMBOLIC, op_name
+from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, pysrc
 
@@ -381,6 +381,30 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                              [(names[n], i) for i, n in enumerate(g_outputs)],
                              {names[n]: result_like.get(n) for n in g_outputs})
             pointwise = isinstance(plan, KernelPlan) and not plan.reductions
+            if target is not None and not pointwise:
+                # an RMSNorm before a product: the row statistics stay a glue stage, the pointwise rest at the
+                # operand's shape (x · rstd · gamma) becomes the product's prologue
+                split = _split_tail(part, g_outputs[0], placeholders)
+                if split is not None:
+                    head, tail = split
+                    h_inputs, h_sizes = _glue_inputs(head, placeholders)
+                    h_outputs = [n for n in head if any(u in tail for u in n.users)]
+                    h_plan = plan_glue(f"{name}_{next(count)}", _subgraph(_closure(head), h_inputs, h_outputs, names,
+                                                                       h_sizes),
+                                       list(dict.fromkeys(names[a] for a in h_inputs)),
+                                       [(names[n], i) for i, n in enumerate(h_outputs)], {})
+                    t_inputs, t_sizes = _glue_inputs(tail, placeholders)
+                    t_plan = plan_glue(f"{name}_{next(count)}", _subgraph(_closure(tail), t_inputs, g_outputs, names,
+                                                                       t_sizes, g_outputs[0].meta["val"]),
+                                       list(dict.fromkeys(names[a] for a in t_inputs)),
+                                       [(names[g_outputs[0]], 0)], {})
+                    if isinstance(t_plan, KernelPlan) and not t_plan.reductions:
+                        for a in h_inputs:
+                            need(a)
+                        steps.append(GlueStage(h_plan, list(dict.fromkeys(names[a] for a in h_inputs)),
+                                               [names[n] for n in h_outputs]))
+                        done.update(h_outputs)
+                        plan, g_inputs, pointwise = t_plan, t_inputs, True
             if target is not None and pointwise:
                 p, side, views = target
                 ins = list(dict.fromkeys(names[a] for a in g_inputs))
@@ -628,6 +652,27 @@ def _operand_chain(value, host: set, needed: set) -> tuple | None:
             return None
         views.append(u)
         n = u
+
+
+def _split_tail(part: list, value, placeholders: list) -> tuple[list, list] | None:
+    """(head, tail) of a glue part that computes `value`: the tail is the pointwise work at value's shape that
+    nothing else in the part reads (back from `value`), the head everything before it (reductions, values at
+    smaller shapes). None when there is no such split or the tail reads a head value that does not broadcast
+    to value's shape (a prologue reads it as a tile)."""
+    members, shape = set(part), tuple(value.meta["val"].shape)
+    tail: set = set()
+    for n in reversed(part):
+        rule = OP_TABLE.get(op_name(n.target))
+        pointwise = rule is not None and rule.kind == POINTWISE and tuple(n.meta["val"].shape) == shape
+        if n is value or (pointwise and all(u in tail for u in n.users if u in members)):
+            tail.add(n)
+    head = [n for n in part if n not in tail]
+    if not head or value not in tail:
+        return None
+    read = {a for n in tail for a in n.all_input_nodes if a in members and a not in tail}
+    if not all(_broadcasts(a.meta["val"], shape) for a in read):
+        return None
+    return head, [n for n in part if n in tail]
 
 
 def _broadcasts(val, shape: tuple) -> bool:
