@@ -235,3 +235,25 @@ def test_the_catalogs_attention_sink_with_a_sliding_window_built_for_it(tmp_path
     with pytest.raises(ValueError, match="sliding_window"):  # built for one window: another is refused by name
         q, k, v, sinks = (torch.randn(*s) for s in ((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), (4,)))
         impl.attention_sink(q, k, v, sinks, sliding_window=0)
+
+
+def test_a_head_of_256_fits_an_h200_programs_shared_memory_in_both_dtypes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    # float32 rows of 256 are 1 KB: at 64 × 64 blocks the dK/dV kernel would need 295 KB of shared memory, so
+    # the launcher halves the blocks there; bfloat16 keeps 64 × 64 and its tensor cores
+    path = _request(tmp_path, "wide_heads", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                             "v": ["B", "H", "S", "D"]},
+                    "return torch.softmax(q @ k.transpose(-1, -2) * 0.0625, dim=-1) @ v",
+                    {"B": 1, "H": 2, "S": 256, "D": 256}, backward=True)
+    r = subprocess.run([sys.executable, "-m", "opforge", "bench", "compile", "--request", str(path), "--dtype", "all",
+                        "--elements", "0", "--json", "-"], capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    builds = [b for op in json.loads(r.stdout)["ops"] for b in op["builds"]]
+    assert len(builds) == 2 * 3
+    for b in builds:
+        assert b["shared_bytes"] <= 227 * 1024 and b["spill_bytes"] == 0, b
+        assert (b["constexprs"]["BLOCK_M"] == 32) == (b["dtype"] == "float32"), b

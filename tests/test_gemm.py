@@ -137,7 +137,7 @@ def test_per_column_and_per_row_scales_broadcast_into_the_epilogue(tmp_path):
 def test_int8_weights_are_dequantized_on_the_operand_loads(tmp_path, dtype):
     # the catalog's weight-only int8 linear: w_q · scale is the prologue of B in the forward GEMM and in the
     # backward's dx = dC · W; the float weight is never in memory, only the int8 one is read
-    _, build, impl = _impl(EXAMPLES / "int8_weight_linear", tmp_path)
+    req, build, impl = _impl(EXAMPLES / "int8_weight_linear", tmp_path)
     (fwd,) = build.forward.gemms
     assert list(fwd.prologues) == ["b"] and fwd.prologues["b"].loads == ["w_q", "unsqueeze"]
     assert not build.forward.glue and fwd.operand_reads == ["x", "w_q", "unsqueeze"]
@@ -153,9 +153,7 @@ def test_int8_weights_are_dequantized_on_the_operand_loads(tmp_path, dtype):
     got_x, got_b = x.to(dtype).to(DEVICE).requires_grad_(), bias.to(dtype).to(DEVICE).requires_grad_()
     got = impl.int8_weight_linear(got_x, w_q.to(DEVICE), scale.to(dtype).to(DEVICE), got_b)
     want_x, want_b = x.to(dtype).double().requires_grad_(), bias.to(dtype).double().requires_grad_()
-    # the reference in the dtype rounds the dequantized weight to it before the product, as the kernels do
-    w = (w_q.double() * scale.to(dtype).double()[:, None]).to(dtype).double()
-    want = torch.nn.functional.linear(want_x, w, want_b)
+    want = req.load_reference()(want_x, w_q, scale.to(dtype).double(), want_b)
     got_grads = torch.autograd.grad(got, [got_x, got_b], g.to(DEVICE))
     want_grads = torch.autograd.grad(want, [want_x, want_b], g.double())
     for name, a, b in zip(["out", "grad_x", "grad_bias"], [got, *got_grads], [want, *want_grads]):
@@ -173,9 +171,8 @@ def test_rms_norm_linear_normalises_in_the_products_prologue(tmp_path, dtype):
     (gemm,) = build.forward.gemms
     assert list(gemm.prologues) == ["a"] and {"x", "gamma"} <= set(gemm.prologues["a"].loads)
     assert [o.name for o in stats.outputs] == [n for n in gemm.prologues["a"].loads if n not in ("x", "gamma")]
-    # in bfloat16 the normalised rows are rounded before the product, as the reference rounds them (.to(x.dtype)):
-    # held to twice eager's error there, to float64 in float32
-    _check_backward(req, impl, {"N": 19, "H": 70, "M": 33}, dtype, 70)
+    # a computed operand is multiplied as its bfloat16 rounding plus the rest: held to float64, not to eager
+    _check(req, impl, {"N": 19, "H": 70, "M": 33}, dtype, 70)
 
 
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):

@@ -21,9 +21,12 @@ from opforge.codegen.ops import OP_TABLE, op_name
 from opforge.codegen.plan import Unsupported, _literal
 
 ATTENTION_KNOBS = """\
-# attention stages: queries per program, keys per step of the walk, warps and pipeline depth
+# attention stages: queries per program, keys per step of the walk, warps and pipeline depth; rows of Q, K, V
+# wider than ATTN_ROW_BYTES halve the blocks (a float32 head of 256 at 64 x 64 needs 295 KB of shared memory
+# in the dK/dV kernel, past the 227 KB an H200 program may hold)
 ATTN_BLOCK_M = 64
 ATTN_BLOCK_N = 64
+ATTN_ROW_BYTES = 512
 ATTN_NUM_WARPS = 4
 ATTN_NUM_STAGES = 2
 
@@ -432,6 +435,8 @@ def _launch_prologue(st, tensor_args: list[str], lines: list[str], sinks: bool =
     b("    block_d, block_dv = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))")
     b("    if max(block_d, block_dv) > 256 and not INTERPRET:  # a (64, 512) tile of Q, K or V per program")
     b(f'        raise ValueError(f"{st.node}: head dimensions {{D}} and {{DV}}: the attention kernel takes up to 256")')
+    b("    wide = max(block_d, block_dv) * q4.element_size() > ATTN_ROW_BYTES")
+    b("    block_m, block_n = (ATTN_BLOCK_M // 2, ATTN_BLOCK_N // 2) if wide else (ATTN_BLOCK_M, ATTN_BLOCK_N)")
     sinks = sinks and bool(st.sinks)
     ptrs = [f"{t}_v" for t in tiles] + scalars + ([st.sinks] if sinks else [])
     rest = [f"*{t}_v.stride()" for t in tiles] + ([f"{st.sinks}.stride(0)"] if sinks else [])
@@ -444,7 +449,7 @@ def _call(lines: list[str], kernel: str, grid: str, args: list[str], tail: str) 
     lines.append(f"        {tail})")
 
 
-_BLOCKS = "BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_DTYPE=dot,\n" \
+_BLOCKS = "BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_DTYPE=dot,\n" \
           "        PRECISION=precision, **_attention_launch()"
 _QKV = ["H", "H // k4.shape[1]", "SQ", "SK", "D", "DV", "*q4.stride()", "*k4.stride()", "*v4.stride()"]
 
@@ -460,7 +465,7 @@ def emit_attention_launcher(op: str, st, fn_name: str, tensor_args: list[str], a
     dtype = f"{st.like}.dtype" if st.like else "torch.float32"
     b(f"    {st.node} = torch.empty((B * H, SQ, DV), device=q4.device, dtype={dtype})")
     args = ["q4", "k4", "v4", st.node] + ptrs + _QKV + [f"*{st.node}.stride()"] + rest
-    _call(lines, attention_kernel_name(op, st), "(triton.cdiv(SQ, ATTN_BLOCK_M), B * H)", args, _BLOCKS)
+    _call(lines, attention_kernel_name(op, st), "(triton.cdiv(SQ, block_m), B * H)", args, _BLOCKS)
     b(f"    return {', '.join(st.writes)},")
     return "\n".join(lines) + "\n"
 
@@ -478,10 +483,10 @@ def _backward_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs:
     prefix = f"_{op}_{st.name}"
     common = ["q4", "k4", "v4", st.grad, "lse", "delta"]
     sinks = [st.sinks] if st.sinks else []
-    _call(lines, f"{prefix}_dq_kernel", "(triton.cdiv(SQ, ATTN_BLOCK_M), B * H)",
+    _call(lines, f"{prefix}_dq_kernel", "(triton.cdiv(SQ, block_m), B * H)",
           common + ["d4[0]"] + ptrs + sinks + _QKV + [f"*{st.grad}.stride()", "*d4[0].stride()"] + rest
           + [f"{st.sinks}.stride(0)"] * bool(st.sinks), _BLOCKS)
-    _call(lines, f"{prefix}_dkdv_kernel", "(triton.cdiv(SK, ATTN_BLOCK_N), B * k4.shape[1])",
+    _call(lines, f"{prefix}_dkdv_kernel", "(triton.cdiv(SK, block_n), B * k4.shape[1])",
           common + ["d4[1]", "d4[2]"] + ptrs + _QKV + [f"*{st.grad}.stride()", "*d4[1].stride()", "*d4[2].stride()"]
           + rest, _BLOCKS)
     if st.sinks:

@@ -134,8 +134,23 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     b("    for k in range(0, K, BLOCK_K):")
     b("        kk = k + rk  # the last step runs past K: masked to zeros, which add nothing")
     lines += _operand_tile(st, "a") + _operand_tile(st, "b")
-    b("        accumulator = tl.dot(_dot_operand(a, DOT_DTYPE), _dot_operand(b, DOT_DTYPE), accumulator,")
-    b("                             input_precision=PRECISION)")
+    if not st.prologues:
+        b("        accumulator = tl.dot(_dot_operand(a, DOT_DTYPE), _dot_operand(b, DOT_DTYPE), accumulator,")
+        b("                             input_precision=PRECISION)")
+    else:
+        # a computed operand is a float32 value, which the reference never rounds: in a 16-bit product it is
+        # split into its rounding and the rest (x = hi + lo, each in the dtype) and multiplied twice, so the
+        # operand carries twice the dtype's bits, as many MMA steps as one tf32 product
+        split = [side for side in ("a", "b") if side in st.prologues]
+        for side in ("a", "b"):
+            b(f"        {side}_hi = _dot_operand({side}, DOT_DTYPE)")
+        for side in split:
+            b(f"        {side}_lo = _dot_operand({side} - _to_f32({side}_hi), DOT_DTYPE)")
+        b("        accumulator = tl.dot(a_hi, b_hi, accumulator, input_precision=PRECISION)")
+        b("        if DOT_DTYPE != tl.float32:  # float32 operands multiply as they are")
+        for side in split:
+            pair = ("a_lo", "b_hi") if side == "a" else ("a_hi", "b_lo")
+            b(f"            accumulator = tl.dot({pair[0]}, {pair[1]}, accumulator, input_precision=PRECISION)")
     b("    mask = (rm[:, None] < M) & (rn[None, :] < N)")
     if st.bias:
         bias = f"_to_f32(tl.load({_tile(st.bias)}, mask=mask, other=0.0))"
