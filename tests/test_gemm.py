@@ -183,6 +183,10 @@ def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     req, build, impl = _impl(path, tmp_path)
     first = build.forward.gemms
     assert len(first) == 3 and first[0].store_product and first[1].epilogue is not None  # gate stored, up fused
+    # backward: the work at (N, F) that reads the same inputs is one glue kernel per depth, and dh = dy·w2 ends
+    # in one epilogue computing both the gate's and the up projection's gradient: dh is never stored
+    assert len(build.backward.glue) == 1
+    assert any(g.epilogue is not None and not g.store_product and len(g.writes) == 2 for g in build.backward.gemms)
     _check(req, impl, {"N": 13, "H": 24, "F": 40}, torch.float32, 40)
 
 

@@ -507,8 +507,10 @@ def _size_node(g: torch.fx.Graph, expr, where: dict, env: dict):
 
 
 def _components(nodes: list) -> list[list]:
-    """`nodes` in groups connected by the values they hand each other (not by inputs they share), each in
-    graph order: an RMSNorm of one product and a RoPE of another are two kernels, of two shapes."""
+    """`nodes` in groups connected by the values they hand each other, each in graph order: an RMSNorm of one
+    product and a RoPE of another are two kernels, of two shapes. Groups of one and the same shape that read a
+    common input are one group too: one kernel reads that input once (a SwiGLU's backward reads dh for the
+    gradients of both the gate and the up projection)."""
     part = {n: n for n in nodes}
 
     def root(n):
@@ -521,6 +523,20 @@ def _components(nodes: list) -> list[list]:
         for a in n.all_input_nodes:
             if a in part:
                 part[root(a)] = root(n)
+    shapes: dict = {}  # a group's root -> the shapes of its values
+    for n in nodes:
+        shapes.setdefault(root(n), set()).add(str(n.meta["val"].shape))
+    readers: dict = {}  # an outside input -> the groups reading it
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in part and not _symbolic(a):
+                readers.setdefault(a, []).append(n)
+    for group in readers.values():
+        for n in group[1:]:
+            a, b = root(group[0]), root(n)
+            if a is not b and len(shapes[a]) == 1 and shapes[a] == shapes[b]:
+                part[b] = a
+                shapes[a] |= shapes.pop(b)
     groups: dict = {}
     for n in nodes:
         groups.setdefault(root(n), []).append(n)
