@@ -200,7 +200,7 @@ def _key_walk(st, indent: str) -> list[str]:
     lo, hi = masked_band(st.score)
     if lo is None and hi is None:
         return [f"{indent}for start in range(0, SK, BLOCK_N):"]
-    lines = [f"{indent}# scores with cols - rows outside [{lo}, {hi}] are -inf: blocks of only those are skipped"]
+    lines = [f"{indent}# the mask makes scores where {_outside(lo, hi)} -inf: key blocks of only those are skipped"]
     first = "0" if lo is None else _plus("pid_m * BLOCK_M", lo) if lo >= 0 else \
         f"tl.maximum({_plus('pid_m * BLOCK_M', lo)}, 0)"
     end = f"tl.minimum({_plus('(pid_m + 1) * BLOCK_M', hi)}, SK)" if hi is not None else "SK"
@@ -212,10 +212,15 @@ def _query_walk(st, indent: str) -> list[str]:
     lo, hi = masked_band(st.score)
     if lo is None and hi is None:
         return [f"{indent}for first in range(0, SQ, BLOCK_M):"]
-    lines = [f"{indent}# queries with cols - rows outside [{lo}, {hi}] give these keys no weight: skipped"]
+    lines = [f"{indent}# the mask makes scores where {_outside(lo, hi)} -inf: query blocks of only those are skipped"]
     first = "0" if hi is None else _plus("start", -hi) if hi <= 0 else f"tl.maximum({_plus('start', -hi)}, 0)"
     end = f"tl.minimum({_plus('start + BLOCK_N', -lo)}, SQ)" if lo is not None else "SQ"
     return lines + [f"{indent}for first in range({first}, {end}, BLOCK_M):"]
+
+
+def _outside(lo: int | None, hi: int | None) -> str:
+    return " or ".join(([f"cols - rows < {lo}"] if lo is not None else []) +
+                       ([f"cols - rows > {hi}"] if hi is not None else []))
 
 
 def _plus(expr: str, k: int) -> str:
