@@ -37,6 +37,18 @@ _MASKS = {"aten.triu.default", "aten.tril.default"}
 # positions 0..n-1 (ALiBi's and relative biases' distances): a query's or a key's index in the kernel
 _POSITIONS = {"aten.arange.default"}
 IN_ATTENTION = _CONSTANTS | _MASKS | _POSITIONS  # lowered inside an attention kernel only
+# views a score body may hold: they keep each score at its (query, key) position, or add leading dimensions
+SCORE_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
+               "aten.unsqueeze.default", "aten.clone.default", "aten.detach.default", "aten.alias.default"}
+
+
+def side_kind(node: torch.fx.Node) -> str:
+    """How an attention kernel reads a score body's side input: "tile" (at (b, h, query, key) through its
+    strides), "scalar" (one value) or "size" (computed by the launcher)."""
+    val = node.meta["val"]
+    if not isinstance(val, torch.Tensor):
+        return "size"
+    return "scalar" if val.numel() == 1 else "tile"
 
 
 def attention(*args):

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opforge.codegen.attention import AttentionStage, fuse_attention
+from opforge.codegen.attention import SCORE_VIEWS, AttentionStage, fuse_attention
 from opforge.codegen.ops import op_name
 
 ATTENTION_OP = "opforge.attention.default"
@@ -86,9 +86,6 @@ SCORE_VJP = {
     "aten.masked_fill.Tensor": lambda a, y, g: [f"tl.where({a[1]}, 0.0, {g})", None, None],
     "aten._to_copy.default": lambda a, y, g: [g],  # the tile stays float32 in the kernel
 }
-PASS_THROUGH = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
-                "aten.unsqueeze.default", "aten.clone.default", "aten.detach.default", "aten.alias.default"}
-
 
 def score_reading(score: torch.fx.GraphModule) -> list:
     """The score body's nodes whose value depends on the scores (its first input), in graph order."""
@@ -102,7 +99,7 @@ def score_reading(score: torch.fx.GraphModule) -> list:
 
 def differentiable(score: torch.fx.GraphModule) -> bool:
     """Every op the scores flow through has a rule in SCORE_VJP (or passes the gradient through)."""
-    return all(op_name(n.target) in SCORE_VJP or op_name(n.target) in PASS_THROUGH for n in score_reading(score))
+    return all(op_name(n.target) in SCORE_VJP or op_name(n.target) in SCORE_VIEWS for n in score_reading(score))
 
 
 @dataclass

@@ -14,8 +14,8 @@ import textwrap
 
 import torch
 
-from opforge.codegen.attention import masked_band
-from opforge.codegen.attention_grad import PASS_THROUGH, SCORE_VJP, AttentionBackwardStage, score_reading
+from opforge.codegen.attention import SCORE_VIEWS, masked_band
+from opforge.codegen.attention_grad import SCORE_VJP, AttentionBackwardStage, score_reading
 from opforge.codegen.emit_rows import launcher_signature
 from opforge.codegen.ops import OP_TABLE, op_name
 from opforge.codegen.plan import Unsupported, _literal
@@ -37,8 +37,6 @@ def _attention_launch() -> dict:
 """
 
 _AXES = ("rows_", "cols_")  # the tile's query and key positions, (BLOCK_M, 1) and (1, BLOCK_N)
-_SCORE_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
-                "aten.unsqueeze.default", "aten.clone.default", "aten.detach.default", "aten.alias.default"}
 
 
 def attention_kernel_name(op: str, st) -> str:
@@ -69,7 +67,7 @@ def _score_program(st) -> tuple[list[str], dict]:
         if n.op != "call_function":
             continue
         key = op_name(n.target)
-        if key in _SCORE_VIEWS and var[n.args[0]] in _AXES:  # positions: along the keys unless viewed (n, 1)
+        if key in SCORE_VIEWS and var[n.args[0]] in _AXES:  # positions: along the keys unless viewed (n, 1)
             shape = n.meta["val"].shape
             var[n] = "rows_" if len(shape) >= 2 and shape[-1] == 1 and shape[-2] != 1 else "cols_"
             continue
@@ -78,7 +76,7 @@ def _score_program(st) -> tuple[list[str], dict]:
                 raise Unsupported([key], f"{n.name}: positions are an arange from 0 in steps of 1")
             var[n] = "cols_"  # a vector broadcasts along the last dimension: the keys
             continue
-        if key in _SCORE_VIEWS:  # the same (query, key) position: views only add or merge leading dimensions
+        if key in SCORE_VIEWS:  # the same (query, key) position: views only add or merge leading dimensions
             if tuple(str(d) for d in n.meta["val"].shape[-2:]) != tile and n.meta["val"].numel() != 1 and \
                     tuple(str(d) for d in n.args[0].meta["val"].shape[-2:]) != tuple(
                         str(d) for d in n.meta["val"].shape[-2:]):
@@ -141,7 +139,7 @@ def score_grad_statements(st, grad: str) -> tuple[list[str], str]:
             continue
         g = total(n, parts)
         key = op_name(n.target)
-        if key in PASS_THROUGH:
+        if key in SCORE_VIEWS:
             flows[n.args[0]].append(g)
             continue
         rendered = [var[a] if isinstance(a, torch.fx.Node) else _literal(a) for a in n.args]

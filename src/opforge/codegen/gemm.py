@@ -21,7 +21,7 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv
 
-from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention
+from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage
 from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
@@ -73,8 +73,8 @@ ITEM_NAMES = {ATTENTION_BACKWARD: ("dq", "dk", "dv", "dsinks")}
 
 
 def _stage_item(n) -> bool:
-    """One of the values of a stage that returns several (an attention's output and log-sum-exp, its
-    gradients): in memory once the stage ran."""
+    """One of the values of a stage that returns several (an attention backward's gradients): in memory once the
+    stage ran."""
     return n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) \
         and op_name(n.args[0].target) in STAGES
 
@@ -331,7 +331,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         done.add(v)
         if op_name(v.target) in IDENTITY_VIEWS:
             return
-        steps.append(HostView(names[v], op_name(v.target), tuple(host_source(a, names, placeholders) for a in v.args)))
+        steps.append(HostView(names[v], op_name(v.target), tuple(_host_arg(a, names, placeholders) for a in v.args)))
         done.add(v)
 
     prologues: dict = {}  # product -> {"a" or "b": Prologue}, found with the glue of the depth before it
@@ -384,7 +384,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             if target is not None and not pointwise:
                 # an RMSNorm before a product: the row statistics stay a glue stage, the pointwise rest at the
                 # operand's shape (x · rstd · gamma) becomes the product's prologue
-                split = _split_tail(part, g_outputs[0], placeholders)
+                split = _split_tail(part, g_outputs[0])
                 if split is not None:
                     head, tail = split
                     h_inputs, h_sizes = _glue_inputs(head, placeholders)
@@ -411,7 +411,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                 full = {a.name for a in plan.inputs if a.full}
                 prologues.setdefault(p, {})[side] = Prologue(
                     plan, [n for n in ins if n in full], [n for n in ins if n not in full],
-                    [(VIEW_METHODS[op_name(v.target)], tuple(host_source(a, names, placeholders) for a in v.args[1:]))
+                    [(VIEW_METHODS[op_name(v.target)], tuple(_host_arg(a, names, placeholders) for a in v.args[1:]))
                      for v in views])
                 prologue_inputs.setdefault(p, []).extend(g_inputs)
                 continue
@@ -543,10 +543,10 @@ def _components(nodes: list) -> list[list]:
     return list(groups.values())
 
 
-def host_source(a, names: dict, placeholders: list):
+def _host_arg(a, names: dict, placeholders: list):
     """An argument of a view the launcher takes, as Python source: values by name, sizes read off the inputs."""
     if isinstance(a, (list, tuple)):
-        return "[" + ", ".join(host_source(x, names, placeholders) for x in a) + "]"
+        return "[" + ", ".join(_host_arg(x, names, placeholders) for x in a) + "]"
     if not isinstance(a, torch.fx.Node):
         return repr(a)
     if isinstance(a.meta.get("val"), torch.Tensor):
@@ -558,11 +558,11 @@ def host_source(a, names: dict, placeholders: list):
         expr, where = _size_source(a.args[0].meta["val"].shape[a.args[1]], placeholders)
         return pysrc(expr, {sym: f"{names[t]}.size({d})" for sym, (t, d) in where.items()})
     if op == "aten.sym_numel.default":
-        return f"{host_source(a.args[0], names, placeholders)}.numel()"
+        return f"{_host_arg(a.args[0], names, placeholders)}.numel()"
     if op == "torch.sym_float":
-        return f"float({host_source(a.args[0], names, placeholders)})"
+        return f"float({_host_arg(a.args[0], names, placeholders)})"
     if a.target in SYM_OPS:
-        left, right = (host_source(x, names, placeholders) for x in a.args[:2])
+        left, right = (_host_arg(x, names, placeholders) for x in a.args[:2])
         return f"({left} {SYM_OPS[a.target]} {right})"
     raise Unsupported([op], "a size computed in a way the launcher cannot read")
 
@@ -574,15 +574,8 @@ def operands(p) -> tuple:
 
 def _attention(name: str, p, names: dict, result_like: dict, placeholders: list) -> AttentionStage:
     region = p.meta["attention"]
-    side, kinds, sizes = [], [], {}
-    for s in region.side:
-        val = s.meta["val"]
-        if not isinstance(val, torch.Tensor):
-            kinds.append("size")
-            sizes[names[s]] = host_source(s, names, placeholders)
-        else:
-            kinds.append("scalar" if val.numel() == 1 else "tile")
-        side.append(names[s])
+    side, kinds = [names[s] for s in region.side], [side_kind(s) for s in region.side]
+    sizes = {names[s]: _host_arg(s, names, placeholders) for s, kind in zip(region.side, kinds) if kind == "size"}
     attrs = sorted({str(a) for n in region.score.graph.nodes for a in n.args if type(a).__name__ == "AttrRef"})
     q, k = region.q.meta["val"], region.k.meta["val"]
     return AttentionStage(name, names[p], names[region.q], names[region.k], names[region.v], region.score, side,
@@ -594,7 +587,7 @@ def _traced_attention(name: str, p, names: dict, result_like: dict, input_names:
     """The stage of an `opforge::attention` node or of its backward."""
     rec = p.meta["attention"]
     inputs = dict(zip(rec.inputs, input_names))  # the forward's inputs are the pass's first
-    sizes = {n: host_source(s, inputs, rec.inputs) for n, s in rec.sizes.items()}
+    sizes = {n: _host_arg(s, inputs, rec.inputs) for n, s in rec.sizes.items()}
     q, k, v, tensors, sinks = p.args[:5]
     items = {u.args[1]: u for u in p.users if _stage_item(u)}
     side, it = [], iter(tensors)
@@ -670,7 +663,7 @@ def _operand_chain(value, host: set, needed: set) -> tuple | None:
         n = u
 
 
-def _split_tail(part: list, value, placeholders: list) -> tuple[list, list] | None:
+def _split_tail(part: list, value) -> tuple[list, list] | None:
     """(head, tail) of a glue part that computes `value`: the tail is the pointwise work at value's shape that
     nothing else in the part reads (back from `value`), the head everything before it (reductions, values at
     smaller shapes). None when there is no such split or the tail reads a head value that does not broadcast

@@ -16,6 +16,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
+from opforge.codegen.attention import side_kind
 from opforge.codegen.attention_grad import RunFused, TracedAttention, fused_forward, prepare_joint
 from opforge.codegen.decompose import (
     DECOMPOSITIONS,
@@ -308,14 +309,8 @@ def _fused_joint(req: Request, fn, tensors, fused_a: tuple, fused_b: tuple) -> t
     records = []
     for ra, rb in zip(regions_a, regions_b):
         attrs = _bind_attributes(req, ra.score, rb.score)
-        kinds, sizes = [], {}
-        for s in ra.side:
-            val = s.meta["val"]
-            if isinstance(val, torch.Tensor):
-                kinds.append("scalar" if val.numel() == 1 else "tile")
-            else:
-                kinds.append("size")
-                sizes[f"size_{s.name}"] = s
+        kinds = [side_kind(s) for s in ra.side]
+        sizes = {f"size_{s.name}": s for s, kind in zip(ra.side, kinds) if kind == "size"}
         records.append(TracedAttention(ra.score, kinds, sizes, placeholders, sorted(attrs)))
     forwards = [lambda ts, gm=gm: tuple(RunFused(gm).run(*ts)) for gm in (gm_a, gm_b)]
     joint, joint_b = _trace_pair(req, fn, tensors, grads=True, forwards=forwards)
