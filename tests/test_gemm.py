@@ -175,6 +175,20 @@ def test_rms_norm_linear_normalises_in_the_products_prologue(tmp_path, dtype):
     _check(req, impl, {"N": 19, "H": 70, "M": 33}, dtype, 70)
 
 
+def test_an_attribute_read_by_both_a_prologue_and_the_epilogue_is_one_kernel_argument(tmp_path):
+    # alpha scales the weight on its loads and the product after the K loop: one parameter of the GEMM kernel
+    path = _request(tmp_path, "scaled_twice", {"x": ["M", "K"], "w": ["N", "K"]},
+                    "return torch.relu(F.linear(x, w * alpha) * alpha)", {"M": 64, "K": 32, "N": 48})
+    doc = yaml.safe_load((path / "request.yaml").read_text())
+    doc["attributes"] = {"alpha": {"type": "float", "default": 0.5}}
+    (path / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (path / "reference.py").write_text((path / "reference.py").read_text().replace("(x, w):", "(x, w, alpha=0.5):"))
+    req, build, impl = _impl(path, tmp_path)
+    (gemm,) = build.forward.gemms
+    assert list(gemm.prologues) == ["b"] and gemm.epilogue is not None and gemm.attrs == ["alpha"]
+    _check(req, impl, {"M": 19, "K": 33, "N": 21}, torch.float32, 33)
+
+
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     # a swiglu MLP: the gate and up products, then the down product of their SiLU-gated product
     path = _request(tmp_path, "mlp", {"x": ["N", "H"], "w1": ["F", "H"], "w3": ["F", "H"], "w2": ["H", "F"]},

@@ -105,8 +105,7 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     operand_ptrs, operand_strides = _operand_params(st)
     params = operand_ptrs + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"] + operand_strides
     params += [f"{n}_{s}" for n in tiles for s in ("sb", "sm", "sn")]
-    params += (st.epilogue.attrs if st.epilogue else [])
-    params += list(dict.fromkeys(a for pro in st.prologues.values() for a in pro.plan.attrs))
+    params += st.attrs
     params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
                "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
     what = "C = A·B" + ("" if not st.bias else " + bias" if st.alpha == st.beta == 1 else
@@ -224,8 +223,7 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     args = operands + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
     args += [_strides3(t, st.batched) for t in strided]
     args += [_strides3(views.get(t, t), st.batched) for t in tiles]
-    args += (st.epilogue.attrs if st.epilogue else [])
-    args += list(dict.fromkeys(x for pro in st.prologues.values() for x in pro.plan.attrs))
+    args += st.attrs
     b(f"    {gemm_kernel_name(op, st)}[grid](")
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
     b("        BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, GROUP_M=GEMM_GROUP_M, DOT_DTYPE=dot,")

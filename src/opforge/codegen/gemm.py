@@ -113,6 +113,12 @@ class GemmStage:
     prologues: dict = field(default_factory=dict)  # "a" or "b" -> the Prologue that computes that operand
 
     @property
+    def attrs(self) -> list[str]:
+        """Run-time float attributes the prologues and the epilogue read, each once."""
+        prologues = [a for pro in self.prologues.values() for a in pro.plan.attrs]
+        return list(dict.fromkeys((self.epilogue.attrs if self.epilogue else []) + prologues))
+
+    @property
     def operand_reads(self) -> list[str]:
         """What the K loop reads: each operand, or the inputs of the prologue that computes it."""
         out = []
