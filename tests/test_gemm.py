@@ -5,6 +5,7 @@ Shapes are small and not multiples of the tiles; the kernels run at the block si
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import textwrap
 from pathlib import Path
@@ -25,12 +26,14 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEVICE = os.environ.get("OPFORGE_TEST_DEVICE", "cpu")
 
 
-def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: bool = True) -> Path:
+def _request(tmp: Path, name: str, inputs: dict, body: str, p0: dict, backward: bool = True,
+             extra: dict | None = None) -> Path:
+    """`inputs`: name -> shape; `extra`: name -> more fields of its spec (requires_grad, range)."""
     d = tmp / name
     d.mkdir()
     doc = {"name": name, "description": f"{name} for the GEMM tests", "category": "matmul",
-           "inputs": {k: {"shape": v, "dtype": ["float32", "bfloat16"]} if i == 0 else
-                      {"shape": v, "dtype": "like " + next(iter(inputs))} for i, (k, v) in enumerate(inputs.items())},
+           "inputs": {k: {"shape": v, "dtype": ["float32", "bfloat16"] if i == 0 else "like " + next(iter(inputs)),
+                          **(extra or {}).get(k, {})} for i, (k, v) in enumerate(inputs.items())},
            "reference": "reference.py:forward", "backward": backward, "shapes": {"p0": [p0]}}
     (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     args = ", ".join(inputs)
@@ -115,11 +118,11 @@ def test_linear_gelu_fuses_bias_and_gelu_into_the_product_and_matches_float64(tm
 
 
 def test_batched_products_with_a_scaled_residual_epilogue(tmp_path):
-    path = _request(tmp_path, "bmm_residual", {"a": ["B", "N", "K"], "b": ["B", "K", "M"], "r": ["B", "N", "M"]},
-                    "return torch.relu(torch.bmm(a, b) * 0.5 + r)", {"B": 3, "N": 64, "K": 32, "M": 48})
+    path = _request(tmp_path, "bmm_residual", {"a": ["B", "N", "K"], "b": ["B", "K", "M"], "res": ["B", "N", "M"]},
+                    "return torch.relu(torch.bmm(a, b) * 0.5 + res)", {"B": 3, "N": 64, "K": 32, "M": 48})
     req, build, impl = _impl(path, tmp_path)
     gemm = build.forward.gemms[0]
-    assert gemm.batched and gemm.loads == ["r"] and gemm.epilogue is not None
+    assert gemm.batched and gemm.loads == ["res"] and gemm.epilogue is not None
     _check(req, impl, {"B": 3, "N": 19, "K": 33, "M": 21}, torch.float32, 33)
 
 
@@ -187,6 +190,37 @@ def test_an_attribute_read_by_both_a_prologue_and_the_epilogue_is_one_kernel_arg
     (gemm,) = build.forward.gemms
     assert list(gemm.prologues) == ["b"] and gemm.epilogue is not None and gemm.attrs == ["alpha"]
     _check(req, impl, {"M": 19, "K": 33, "N": 21}, torch.float32, 33)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inputs_named_like_the_gemm_kernels_own_variables_and_a_residual_gradient(tmp_path, dtype):
+    """Inputs named a, b, c, k and acc (the GEMM kernel's operands, loop and accumulator) are renamed inside the
+    module and keep their names in the op's signature; the residual's gradient is the upstream gradient,
+    returned as a copy."""
+    d = _request(tmp_path, f"kernel_names_{str(dtype)[6:]}",
+                 {"a": ["M", "K"], "b": ["N", "K"], "c": ["N"], "k": ["M", "N"], "acc": ["M", "N"]},
+                 "return torch.tanh(F.linear(a, b, c)) * k + acc", {"M": 40, "K": 48, "N": 24})
+    req, build, impl = _impl(d, tmp_path)
+    assert list(inspect.signature(getattr(impl, req.name)).parameters)[:5] == ["a", "b", "c", "k", "acc"]
+    assert build.backward.copies == ["grad_out"]
+    _check(req, impl, {"M": 40, "K": 48, "N": 24}, dtype, 48)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_norm_projection_split_into_heads_then_rotated(tmp_path, dtype):
+    """RMSNorm, a projection to H*D columns viewed (T, -1, D), a rotary embedding: the glue after the product
+    reads the head count off the weight (w.shape[1] // D), forward and backward."""
+    d = _request(tmp_path, f"norm_rope_{str(dtype)[6:]}",
+                 {"x": ["T", "E"], "gamma": ["E"], "w": ["E", "H*D"], "cos": ["T", "D"], "sin": ["T", "D"]},
+                 "xf = x.float()\n"
+                 "n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * gamma\n"
+                 "q = (n @ w).view(x.shape[0], -1, cos.shape[-1])\n"
+                 "h = q.shape[-1] // 2\n"
+                 "return q * cos[:, None] + torch.cat([-q[..., h:], q[..., :h]], dim=-1) * sin[:, None]",
+                 {"T": 24, "E": 40, "H": 3, "D": 16},
+                 extra=dict.fromkeys(("cos", "sin"), {"requires_grad": False, "range": [-1.0, 1.0]}))
+    req, build, impl = _impl(d, tmp_path)
+    _check(req, impl, {"T": 24, "E": 40, "H": 3, "D": 16}, dtype, 40)
 
 
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):

@@ -3,6 +3,7 @@ refuses an opted-out input that autograd would need a gradient for, rather than 
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,25 @@ def test_index_inputs_never_take_a_gradient(tmp_path):
     inputs["t"]["requires_grad"] = True
     with pytest.raises(InputError, match="t.requires_grad: an integer input has no gradient"):
         load_request(write_request(tmp_path, "labels_grad", inputs, body, {"N": 5, "V": 7}))
+
+
+def test_a_gradient_that_is_the_upstream_gradient_is_a_copy_and_inputs_keep_names_the_kernels_use(tmp_path):
+    """d(x + y)/dy is the upstream gradient itself: the kernel stores a copy (an op's output may not alias its
+    input). The inputs are named after the kernel's own variables (mask, offs, pid): renamed inside the module,
+    the op's signature keeps them."""
+    inputs = {"mask": {"shape": ["N", "M"], "dtype": ["float32"]}, "offs": {"shape": ["N", "M"], "dtype": "like mask"},
+              "pid": {"shape": ["N", "M"], "dtype": "like mask"}}
+    req = load_request(write_request(tmp_path, "pass_through", inputs, "return torch.sigmoid(mask) * offs + pid"))
+    path = tmp_path / "pass_through_impl.py"
+    path.write_text(generate_impl(req, plan_request(req)))
+    impl = load_module(path, path.stem)
+    assert list(inspect.signature(impl.pass_through).parameters)[:3] == ["mask", "offs", "pid"]
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(5, 33, generator=gen).requires_grad_() for _ in range(3)]
+    g = torch.randn(5, 33, generator=gen)
+    out = impl.pass_through(*xs)
+    got = torch.autograd.grad(out, xs, g)
+    want = torch.autograd.grad(req.load_reference()(*xs), xs, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert got[2].data_ptr() != g.data_ptr()

@@ -46,28 +46,42 @@ def graph_dims(gm, names: list[str]) -> dict:
     return dims
 
 
+def _glue_dims(gm, names: list[str], outer: dict) -> dict:
+    """graph_dims of a glue graph, and the pass's for any symbol its inputs' shapes hold only inside an
+    expression (a view (T, s46 // D, D) of a product: s46 is read off the pass's weight)."""
+    dims = graph_dims(gm, names)
+    for node in gm.graph.find_nodes(op="placeholder"):
+        for e in shape_exprs(node.meta["val"]):
+            for s in sorted(getattr(e, "free_symbols", ()), key=str):
+                if s not in dims and s in outer:
+                    dims[s] = outer[s]
+    return dims
+
+
 def plan_pass(req: Request, name: str, gm, input_names: list[str], outputs: list[tuple[str, int]],
-              like: dict, named: dict | None = None) -> KernelPlan | RowPlan | ChainPlan:
+              like: dict, named: dict | None = None, outer: dict | None = None) -> KernelPlan | RowPlan | ChainPlan:
     """The flat kernel when every value is full-size or a scalar; otherwise the row kernel, or a chain of them
     when a value needs a finished column or full reduction for every row. `named` maps the graph's size
     symbols to the request's (read off `gm`'s inputs when not given: a glue graph's inputs are not the
-    request's)."""
+    request's); `outer`, a glue graph's pass's dims."""
     if named is None:
         named = symbol_map(gm, req, products=True)
         named.update(grad_symbols(gm, req, input_names, named))
     if has_products(gm):  # matrix products: GEMM stages, the rest planned as glue by this function
+        dims = graph_dims(gm, input_names)
+
         def glue(gname, sub, names, outs, glike):
-            plan = plan_pass(req, gname, sub, names, outs, glike, named)
+            plan = plan_pass(req, gname, sub, names, outs, glike, named, dims)
             if not hasattr(plan, "dims"):  # a flat plan's launcher reads its sizes off its inputs
-                plan.dims = graph_dims(sub, names)
+                plan.dims = _glue_dims(sub, names, dims)
             return plan
         plan = plan_staged(name, gm, input_names, outputs, like, glue)
-        plan.dims = graph_dims(gm, input_names)
+        plan.dims = dims
         return plan
     try:
         return plan_kernel(name, gm, input_names, outputs, like)
     except Unsupported:
-        dims = graph_dims(gm, input_names)
+        dims = _glue_dims(gm, input_names, outer or {})
         names = {s: named.get(s, str(s)) for s in dims}
         plan = plan_chain(name, gm, input_names, outputs, like, names)
         for k in kernels_of(plan):
@@ -89,7 +103,8 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     for registers)."""
     if plan.layout == "staged":  # one kernel a GEMM or attention stage, and what each glue stage launches
         glue = [device_events(p, subs, max_block_c) for p in plan.glue]
-        return {"kernels": len(plan.gemms) + sum(a.launches for a in plan.attentions) + sum(g["kernels"] for g in glue),
+        return {"kernels": len(plan.gemms) + sum(a.launches for a in plan.attentions) + sum(g["kernels"] for g in glue)
+                + len(plan.copies),
                 "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):
@@ -137,7 +152,7 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     check_size_relations(req, traced)
     fwd = _plan_forward(req, traced, traced.forward)
     bwd = _plan_backward(req, traced, traced.backward_graph) if traced.joint is not None else None
-    build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.input_names))
+    build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.kernel_inputs))
     if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
         _save_stats(req, build)
     if isinstance(fwd, StagedPlan) and isinstance(bwd, StagedPlan):
@@ -148,15 +163,16 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
 def _plan_forward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[str] = ()):
     """The forward pass of `gm`: the op's outputs, then any statistics it saves for the backward."""
     names = t.output_names + list(saved)
-    return plan_pass(req, "forward", gm, t.input_names, [(n, i) for i, n in enumerate(names)],
-                     {**t.output_like, **dict.fromkeys(saved)})
+    like = {o: t.kernel_names.get(i, i) for o, i in t.output_like.items()}
+    return plan_pass(req, "forward", gm, t.kernel_inputs, [(n, i) for i, n in enumerate(names)],
+                     {**like, **dict.fromkeys(saved)})
 
 
 def _plan_backward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[str] = ()):
     """The backward pass of the joint graph `gm`: inputs, upstream gradients, then any saved statistics."""
     n_out = len(t.output_names)
-    grad_names = [f"grad_{g}" for g in t.grad_inputs]
-    return plan_pass(req, "backward", gm, t.input_names + [f"grad_{o}" for o in t.output_names] + list(saved),
+    grad_names = [f"grad_{g}" for g in t.kernel_grad_inputs]
+    return plan_pass(req, "backward", gm, t.kernel_inputs + [f"grad_{o}" for o in t.output_names] + list(saved),
                      [(g, n_out + k) for k, g in enumerate(grad_names)], {g: g[len("grad_"):] for g in grad_names})
 
 
@@ -229,8 +245,8 @@ def _size(plan: RowPlan, expr: str, subs: dict) -> int:
 def generate_impl(req: Request, build: Build) -> str:
     t = build.traced
     fixed = {a.name: a.default for a in req.attributes if a.type != "float"}
-    return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.input_names,
-                       grad_inputs=t.grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
+    return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.kernel_inputs,
+                       public_inputs=t.input_names, grad_inputs=t.kernel_grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
                        attr_defaults=req.attr_defaults, fixed_attrs=fixed, dims=build.dims,
                        input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic,
                        leading=t.leading,
@@ -284,6 +300,23 @@ def graph_binding(gm, req: Request, binding: dict) -> dict:
         for size, e in zip(req.input_shape(spec, binding), shape_exprs(node.meta["val"])):
             if isinstance(e, sympy.Symbol):
                 out[e] = size
+    for spec, node in zip(req.inputs, placeholders):  # a size traced as a product (w: [E, s23*s7]) names s23
+        for size, e in zip(req.input_shape(spec, binding), shape_exprs(node.meta["val"])):
+            expr = sympy.sympify(sympy.sympify(e).xreplace(out))
+            free = expr.free_symbols
+            if len(free) == 1:
+                roots = [r for r in sympy.solve(expr - size, *free) if r.is_Integer]
+                if len(roots) == 1:
+                    out[free.pop()] = int(roots[0])
+    # an output's gradient in a joint graph has symbols of its own: its sizes are the output's
+    results = list(gm.graph.find_nodes(op="output")[0].args[0])
+    for node, res in zip(placeholders[len(req.inputs):], results):
+        if not hasattr(res, "meta") or "val" not in res.meta:
+            break
+        for g, o in zip(shape_exprs(node.meta["val"]), shape_exprs(res.meta["val"])):
+            size = sympy.sympify(sympy.sympify(o).xreplace(out))
+            if isinstance(g, sympy.Symbol) and g not in out and size.is_Integer:
+                out[g] = int(size)
     return out
 
 

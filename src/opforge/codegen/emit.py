@@ -298,7 +298,13 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
         have = have + [o for o in outs if o not in have]
     sig = launcher_signature(tensor_args, attrs)
     views = {s.target for s in plan.steps if isinstance(s, HostView)}
-    final = [f"{r}.contiguous()" if r in views else r for r in plan.results]
+    copies, final = list(plan.copies), []
+    for r in plan.results:
+        if r in copies:  # it would alias an input or another output
+            copies.remove(r)
+            final.append(f"torch.clone({r}, memory_format=torch.contiguous_format)")
+        else:
+            final.append(f"{r}.contiguous()" if r in views else r)
     parts.append(f"def {fn_name}({sig}):\n" + "\n".join(calls) +
                  f"\n    return ({''.join(n + ', ' for n in final).rstrip()})\n")
     return "\n\n".join(parts)
@@ -431,8 +437,11 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
                 grad_inputs: list[str], output_names: list[str], runtime_attrs: list[str],
                 attr_defaults: dict, fixed_attrs: dict, dims: dict, input_shapes: dict,
                 no_grad_inputs: tuple[str, ...] = (), deterministic: bool = False, block: int = 1024,
-                num_warps: int = 4, leading: dict | None = None, size_names: dict | None = None) -> str:
+                num_warps: int = 4, leading: dict | None = None, size_names: dict | None = None,
+                public_inputs: list[str] | None = None) -> str:
     """The whole impl module. `dims` maps shape symbols to Python expressions like 'weight.shape[0]'.
+    `inputs` are the inputs' names inside the module; `public_inputs` the request's, which only the op's own
+    signature uses (TracedOp.kernel_names).
     `leading` (trace.leading_dimensions): inputs that may have leading dimensions, viewed as the rows.
     `size_names` (build.symbol_map): shape symbols -> the request's size symbols, for the fake's shapes.
     `no_grad_inputs` are the floating inputs the request built without a gradient: the op refuses one that
@@ -555,16 +564,17 @@ _{op}_op.register_autograd(_backward, setup_context=_setup_context)
         f'        raise ValueError("{n}: this operator was built without a gradient for {n} (requires_grad: "\n'
         f'                         "false in its request); pass {n}.detach() or rebuild with requires_grad: true")\n'
         for n in no_grad_inputs) if bwd else ""
+    public = public_inputs or inputs
     call = f"{'outs = ' if leading or saved_names else 'return '}_{op}_op"
     float_attrs = "".join(f", float({a})" for a in runtime_attrs)
     parts.append(f'''
 
-def {op}({', '.join(inputs)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = {deterministic!r}):
+def {op}({', '.join(public)}{', ' + kw_sig if kw_sig else ''}{fixed_sig}, *, deterministic: bool = {deterministic!r}):
     """{textwrap.fill(description + '.', 112, subsequent_indent='    ')}
 
     {_inputs_doc(leading, input_shapes)}
     """
-{fixed_check}{grad_check}{_rows_in(leading)}    {call}({', '.join(inputs)}{float_attrs},
+{fixed_check}{grad_check}{_rows_in(leading)}    {call}({', '.join(public)}{float_attrs},
         {' ' * len(op)}bool(deterministic))
 {_user_outputs(n_out, saved_names)}{_rows_out(leading, n_out) if leading or saved_names else ''}''')
     parts.append(INTERPRETER_OFF)

@@ -130,8 +130,8 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
         for n in pro.scalars:
             b(f"    {n} = _to_f32(tl.load({side}_{n}_ptr))  # one value for the whole tensor")
     b("    accumulator = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
-    b("    for k in range(0, K, BLOCK_K):")
-    b("        kk = k + rk  # the last step runs past K: masked to zeros, which add nothing")
+    b("    for k0 in range(0, K, BLOCK_K):")
+    b("        kk = k0 + rk  # the last step runs past K: masked to zeros, which add nothing")
     lines += _operand_tile(st, "a") + _operand_tile(st, "b")
     if not st.prologues:
         b("        accumulator = tl.dot(_dot_operand(a, DOT_DTYPE), _dot_operand(b, DOT_DTYPE), accumulator,")

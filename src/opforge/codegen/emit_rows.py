@@ -627,12 +627,20 @@ def _size_sources(names: dict, dims: dict) -> dict:
     for s, v in sorted(names.items(), key=lambda kv: str(kv[1])):
         if isinstance(v, str) and s in dims:
             out.setdefault(v, dims[s])
-    for s, v in names.items():
-        if isinstance(v, sympy.Basic) and s in dims:
-            free = sorted(v.free_symbols, key=str)
-            coeff = v / free[0] if len(free) == 1 else None
-            if coeff is not None and coeff.is_Integer and str(free[0]) not in out:
-                out[str(free[0])] = f"{dims[s]} // {coeff}"
+    # a size that appears only in a product ('H*D' with D known): read off after the sizes it is divided by
+    pending = [(s, v) for s, v in names.items() if isinstance(v, sympy.Basic) and s in dims]
+    while pending:
+        left = []
+        for s, v in pending:
+            unknown = [f for f in sorted(v.free_symbols, key=str) if str(f) not in out]
+            coeff = v / unknown[0] if len(unknown) == 1 else None
+            if coeff is not None and (coeff.is_Integer or coeff.is_Symbol):
+                out[str(unknown[0])] = f"{dims[s]} // {coeff}"
+            elif unknown:
+                left.append((s, v))
+        if len(left) == len(pending):
+            break
+        pending = left
     return out
 
 

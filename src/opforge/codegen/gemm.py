@@ -188,10 +188,27 @@ class StagedPlan(PlanOfParts):
     def walks(self) -> int:
         return sum(p.walks for p in self.glue)
 
+    @property
+    def copies(self) -> list[str]:
+        """Results the launcher returns as a copy: an input, or a view of one, returned as it is (a residual's
+        gradient is the upstream gradient), and a value returned twice. An operator's outputs may alias
+        neither its inputs nor each other."""
+        views = {s.target: s.args[0] for s in self.steps if isinstance(s, HostView)}
+        out, seen = [], set()
+        for r in self.results:
+            base = r
+            while base in views:
+                base = views[base]
+            if base in self.input_names or r in seen:
+                out.append(r)
+            seen.add(r)
+        return out
+
     def moves(self) -> list[tuple[str, str]]:
         """(value, "read" or "write") of every stage, in order: what the stages move through memory, a GEMM
-        reading each operand once (its tiles' re-reads are the cache's), the glue its own inputs and outputs."""
-        out = []
+        reading each operand once (its tiles' re-reads are the cache's), the glue its own inputs and outputs;
+        then the copies of results that would alias."""
+        out = [(v, rw) for v in self.copies for rw in ("read", "write")]
         for s in self.steps:
             if isinstance(s, GemmStage):
                 out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars]

@@ -204,11 +204,10 @@ def _literal(v) -> str | None:
 
 
 def check_output(oname: str, node) -> None:
-    """An output must be computed: a constant or an input returned as is cannot be a kernel's output."""
+    """An output must be computed from the inputs: a constant cannot be a kernel's output. An input returned as
+    it is (a sum's gradient is the upstream gradient) is loaded and stored: a copy, never an alias."""
     if not isinstance(node, torch.fx.Node):
         raise Unsupported([], f"output {oname} is a constant, not computed from the inputs")
-    if node.op == "placeholder":
-        raise Unsupported([], f"output {oname} returns an input unchanged (it would alias it)")
 
 
 def unsupported_ops(graph: torch.fx.Graph) -> list[str]:

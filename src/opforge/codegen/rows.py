@@ -227,9 +227,15 @@ def _where(n) -> str:
     return op_name(n.target) if n.op == "call_function" else n.name
 
 
+def _sizes_only(node) -> bool:
+    """An input the graph reads only the sizes of (a glue graph's weight, for its head count): no load."""
+    return node.op == "placeholder" and bool(node.users) and all(
+        u.op == "call_function" and op_name(u.target) == "aten.sym_size.int" for u in node.users)
+
+
 def _iteration_space(graph: torch.fx.Graph, needed, env) -> list:
     """The shape of the largest needed value (most dimensions among equals); its last dim is the columns."""
-    tensors = [n for n in graph.nodes if n in needed and _is_tensor(n)]
+    tensors = [n for n in graph.nodes if n in needed and _is_tensor(n) and not _sizes_only(n)]
     big = max(tensors, key=lambda n: (_hint_numel(n, env), len(n.meta["val"].shape)))
     return shape_of(big, env) or [sympy.Integer(1)]
 
@@ -292,7 +298,7 @@ class _RowPlanner:
         for node in self.graph.nodes:
             if node not in self.needed:
                 continue
-            if node.op == "placeholder":
+            if node.op == "placeholder" and not _sizes_only(node):
                 self.add_input(node)
             elif node.op == "call_function":
                 self.info[node] = self.call_info(node)

@@ -49,6 +49,40 @@ class AttrRef:
         return self.name
 
 
+# Names the generated kernels and launchers bind for themselves (masks, loop indices, sizes, the modules they
+# import), and those GEMM and attention kernels bind besides (operands a and b, the online softmax's m and l):
+# an input of one of these names is renamed inside the module (kernel_names).
+RESERVED = frozenset({
+    # flat and row kernels, their launchers and the module's imports
+    "pid", "offs", "mask", "rmask", "pmask", "rows", "cols", "n_rows", "n_cols", "n_elements", "start", "span",
+    "split", "split_id", "splits", "parts", "partials", "n_parts", "colpart", "ticket", "tile", "first", "terms",
+    "wide", "workspace", "stride", "ptr", "grid", "col_grid", "knobs", "opts", "warps", "props", "device",
+    "precision", "dot", "ordered", "rank", "lead", "outs", "grads", "wanted", "names", "ctx", "deterministic",
+    "torch", "triton", "tl", "os", "math"})
+PRODUCT_RESERVED = RESERVED | {
+    # GEMM kernels
+    "a", "b", "c", "c0", "a_hi", "a_lo", "b_hi", "b_lo", "c_hi", "c_lo", "k0", "kk", "rk", "rm", "rn", "pid_m",
+    "pid_n", "tiles_m", "tiles_n", "group", "inside", "accumulator", "M", "N", "K",
+    # attention kernels
+    "bh", "bid", "batch", "bkv", "rb", "rd", "rdv", "rows_", "cols_", "scores", "d_scores", "m", "m_new", "l",
+    "p", "r", "pdp", "dp", "ds", "dq", "do", "delta", "lse", "sink", "o_sum", "kt", "vt", "q4", "k4", "v4", "d4",
+    "key", "at", "acc", "g", "h", "n"}
+
+
+def kernel_names(inputs: list[str], products: bool) -> dict[str, str]:
+    """Each input's name inside the generated module: its own, unless the kernels or launchers bind that name
+    themselves (a bias called `b` beside a GEMM's operand `b`, with `products`); the op's signature keeps the
+    request's names."""
+    taken = PRODUCT_RESERVED if products else RESERVED
+    out = {}
+    for n in inputs:
+        inner = n
+        while inner in taken or inner in out.values() or (inner != n and inner in inputs):
+            inner += "_in"
+        out[n] = inner
+    return out
+
+
 @dataclass
 class TracedOp:
     forward: torch.fx.GraphModule
@@ -69,6 +103,20 @@ class TracedOp:
     @property
     def backward_graph(self) -> torch.fx.GraphModule | None:
         return self.fused_joint if self.fused_joint is not None else self.joint
+
+    @property
+    def kernel_names(self) -> dict[str, str]:
+        from opforge.codegen.gemm import has_products  # gemm's planners import this module's AttrRef
+
+        return kernel_names(self.input_names, has_products(self.forward))
+
+    @property
+    def kernel_inputs(self) -> list[str]:
+        return [self.kernel_names[n] for n in self.input_names]
+
+    @property
+    def kernel_grad_inputs(self) -> list[str]:
+        return [self.kernel_names[n] for n in self.grad_inputs]
 
 
 def example_binding(req: Request) -> dict[str, int]:

@@ -78,9 +78,10 @@ def _mentions(tree: ast.Module, words: tuple[str, ...]) -> list[str]:
     return hits
 
 
-# torch calls a launch path may make: allocation, views, metadata and shape arithmetic (a GEMM prologue's
-# inputs broadcast to one shape), and the library machinery
-ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library",
+# torch calls a launch path may make: allocation, views, copies (contiguous, and clone for an output that would
+# alias an input), metadata and shape arithmetic (a GEMM prologue's inputs broadcast to one shape), and the
+# library machinery
+ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library", "clone",
                  "is_grad_enabled", "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16",
                  "int32", "int64", "bool", "dtype", "Generator", "get_device_module", "broadcast_shapes"}
 ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr", "t", "transpose",

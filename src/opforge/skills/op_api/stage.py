@@ -16,7 +16,7 @@ from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView, einsum_problem
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
-from opforge.codegen.trace import trace_request
+from opforge.codegen.trace import kernel_names, trace_request
 from opforge.request import Request
 from opforge.skills.op_api.markdown import cell
 from opforge.workspace import StageOutcome, Workspace
@@ -26,8 +26,10 @@ ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4,
 
 
 def _input_bytes(req: Request, name: str, eb: int) -> int:
-    """Bytes per element of an input: the op's dtype, or an index input's own integer width."""
-    spec = next((s for s in req.inputs if s.name == name), None)
+    """Bytes per element of an input (by its name in the request or in the module): the op's dtype, or an
+    index input's own integer width."""
+    inner = kernel_names([s.name for s in req.inputs], products=True)
+    spec = next((s for s in req.inputs if name in (s.name, inner[s.name])), None)
     return ELEM_BYTES[spec.dtypes[0]] if spec is not None and spec.index else eb
 
 
