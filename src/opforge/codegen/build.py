@@ -246,7 +246,8 @@ def generate_impl(req: Request, build: Build) -> str:
     t = build.traced
     fixed = {a.name: a.default for a in req.attributes if a.type != "float"}
     return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.kernel_inputs,
-                       public_inputs=t.input_names, grad_inputs=t.kernel_grad_inputs, output_names=t.output_names, runtime_attrs=t.runtime_attrs,
+                       public_inputs=t.input_names, grad_inputs=t.kernel_grad_inputs, output_names=t.output_names,
+                       runtime_attrs=t.runtime_attrs,
                        attr_defaults=req.attr_defaults, fixed_attrs=fixed, dims=build.dims,
                        input_shapes={s.name: tuple(s.shape) for s in req.inputs}, deterministic=req.deterministic,
                        leading=t.leading,
