@@ -161,16 +161,30 @@ def test_alibi_distances_are_computed_from_positions_in_the_kernels(tmp_path, dt
     _check_backward(req, impl, {"B": 2, "H": 3, "S": 70, "D": 24}, dtype, 70)
 
 
-def test_a_bias_that_needs_a_gradient_keeps_the_backward_as_products_and_glue(tmp_path):
-    # d(bias) is dS itself, S×S per head, which the attention kernels do not produce: the backward stays as
-    # traced (a bias broadcast over the batch would need dS summed over it, which does not plan yet)
+@pytest.mark.parametrize("bias, dtype", [(["B", "H", "S", "S"], torch.float32), (["H", "S", "S"], torch.float32),
+                                         (["H", "S", "S"], torch.bfloat16), (["S", "S"], torch.float32)])
+def test_a_learned_bias_takes_its_gradient_in_a_kernel_that_sums_the_batches_and_heads_it_serves(
+        tmp_path, bias, dtype):
+    # d(bias) = dS: a relative-position bias per head (T5), one per batch, or one for all heads; where it is
+    # broadcast, one program sums its tile's gradients over the batches (heads) in order, never the S×S matrix
     body = "return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + bias, dim=-1) @ v"
-    path = _request(tmp_path, "sdpa_bias", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
-                                            "v": ["B", "H", "S", "D"], "bias": ["B", "H", "S", "S"]},
+    path = _request(tmp_path, f"sdpa_bias_{len(bias)}_{str(dtype)[6:]}",
+                    {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"], "v": ["B", "H", "S", "D"], "bias": bias},
                     body, {"B": 2, "H": 3, "S": 40, "D": 16}, backward=True)
     req, build, impl = _impl(path, tmp_path)
-    assert len(build.forward.attentions) == 1 and not build.forward.gemms
-    assert not build.backward.attentions and build.backward.gemms
+    (st,) = build.backward.attentions
+    assert not build.backward.gemms and st.dbias and st.launches == 3
+    _check_backward(req, impl, {"B": 2, "H": 3, "S": 37, "D": 16}, dtype, 37)
+
+
+def test_two_learned_biases_keep_the_backward_as_products_and_glue(tmp_path):
+    body = "return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + bias + bias2, dim=-1) @ v"
+    path = _request(tmp_path, "sdpa_two_biases", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                                  "v": ["B", "H", "S", "D"], "bias": ["B", "H", "S", "S"],
+                                                  "bias2": ["B", "H", "S", "S"]},
+                    body, {"B": 2, "H": 3, "S": 40, "D": 16}, backward=True)
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and not build.backward.attentions and build.backward.gemms
     _check_backward(req, impl, {"B": 2, "H": 3, "S": 37, "D": 16}, torch.float32, 37)
 
 
@@ -189,16 +203,18 @@ def test_the_attention_kernels_compile_for_sm90_on_the_tensor_cores_without_spil
     import subprocess
     import sys
 
-    path = _request(tmp_path, "sink_attention", {"q": ["B", "G*R", "S", "D"], "k": ["B", "G", "S", "D"],
-                                                 "v": ["B", "G", "S", "D"], "sinks": ["G*R"]},
-                    GPT_OSS, {"B": 2, "G": 2, "R": 4, "S": 128, "D": 64}, backward=True)
+    # with a learned relative bias too: its gradient is a kernel of its own
+    inputs = {"q": ["B", "G*R", "S", "D"], "k": ["B", "G", "S", "D"], "v": ["B", "G", "S", "D"], "sinks": ["G*R"],
+              "bias": ["G*R", "S", "S"]}
+    path = _request(tmp_path, "sink_attention", inputs, GPT_OSS.replace("* d ** -0.5", "* d ** -0.5 + bias"),
+                    {"B": 2, "G": 2, "R": 4, "S": 128, "D": 64}, backward=True)
     r = subprocess.run([sys.executable, "-m", "opforge", "bench", "compile", "--request", str(path), "--dtype", "all",
                         "--elements", "0", "--json", "-"], capture_output=True, text=True, timeout=600,
                        cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     builds = [b for op in json.loads(r.stdout)["ops"] for b in op["builds"]]
-    # per dtype: the forward; in the backward dQ, dK/dV and the sinks' gradient
-    assert len(builds) == 2 * 4, [(b["dtype"], b["kernel"]) for b in builds]
+    # per dtype: the forward; in the backward dQ, dK/dV, the bias's and the sinks' gradients
+    assert len(builds) == 2 * 5, [(b["dtype"], b["kernel"]) for b in builds]
     for b in builds:  # float32 multiplies in IEEE float32 (its tolerance), 16-bit dtypes on the tensor cores
         products = not b["kernel"].endswith("_dsinks_kernel")
         assert b["spill_bytes"] == 0 and (b["wgmma"] > 0) == (products and b["dtype"] != "float32"), b

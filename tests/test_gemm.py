@@ -165,6 +165,58 @@ def test_int8_weights_are_dequantized_on_the_operand_loads(tmp_path, dtype):
         assert res["passed"], f"{dtype} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
 
 
+GROUPED = {  # int8 weights with one scale per group of 32 input channels, as (N, K) for F.linear and as (K, N)
+    "rows": ({"w_q": ["N", "G*32"], "scale": ["N", "G"]},
+             "n, k = w_q.shape\nreturn F.linear(x, (w_q.view(n, -1, 32).to(x.dtype) * scale[..., None]).view(n, k))"),
+    "columns": ({"w_q": ["G*32", "N"], "scale": ["G", "N"]},
+                "k, n = w_q.shape\nreturn x @ (w_q.view(-1, 32, n).to(x.dtype) * scale[:, None, :]).view(k, n)"),
+}
+
+
+@pytest.mark.parametrize("layout, dtype", [("rows", torch.bfloat16), ("columns", torch.float32)])
+def test_a_weight_with_a_scale_per_group_of_input_channels_is_dequantized_on_the_operand_loads(
+        tmp_path, layout, dtype):
+    # the view that merges (N, G, 32) into (N, K) is no launcher view of a stride-0 scale: the prologue reads its
+    # inputs 3-D, cutting the merged axis's index into (group, place); in the backward's dx = dC · W the merged
+    # axis is the product's columns
+    shapes, body = GROUPED[layout]
+    d = tmp_path / f"grouped_{layout}"
+    d.mkdir()
+    doc = {"name": f"grouped_{layout}", "description": "a per-group dequantized linear", "category": "matmul",
+           "inputs": {"x": {"shape": ["M", "G*32"], "dtype": ["float32", "bfloat16"]},
+                      "w_q": {"shape": shapes["w_q"], "dtype": "int8", "range": [-127, 128]},
+                      "scale": {"shape": shapes["scale"], "dtype": "like x", "requires_grad": False,
+                                "range": [0.001, 0.02]}},
+           "reference": "reference.py:forward", "backward": True, "shapes": {"p0": [{"M": 40, "G": 3, "N": 24}]}}
+    (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (d / "reference.py").write_text("import torch\nimport torch.nn.functional as F\n\n\ndef forward(x, w_q, scale):\n"
+                                    + textwrap.indent(body, "    ") + "\n")
+    req, build, impl = _impl(d, tmp_path)
+    (fwd,), (dx,) = build.forward.gemms, build.backward.gemms
+    assert not build.forward.glue and not build.backward.glue
+    assert fwd.prologues["b"].merge[1] == 0 and dx.prologues["b"].merge[1] == 1  # K, then the columns
+    gen = torch.Generator().manual_seed(9)
+    m, g, n = 37, 3, 45
+    x = torch.randn(m, g * 32, generator=gen, dtype=torch.float64)
+    x[3, 5] = float("inf")  # an infinity times a weight is an infinity: the rounding error's dot adds nothing
+    w_q = torch.randint(-127, 128, [g * 32 if s == "G*32" else n for s in shapes["w_q"]], generator=gen,
+                        dtype=torch.int8)
+    scale = torch.rand([g if s == "G" else n for s in shapes["scale"]], generator=gen, dtype=torch.float64) * 0.02
+    grad = torch.randn(m, n, generator=gen, dtype=torch.float64).to(dtype)
+    got_x = x.to(dtype).requires_grad_()
+    got = getattr(impl, req.name)(got_x, w_q, scale.to(dtype))
+    want_x = x.to(dtype).double().requires_grad_()
+    want = req.load_reference()(want_x, w_q, scale.to(dtype).double())
+    got_g, = torch.autograd.grad(got, [got_x], grad)
+    want_g, = torch.autograd.grad(want, [want_x], grad.double())
+    for name, a, b in (("out", got, want), ("grad_x", got_g, want_g)):
+        assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(torch.isinf(a), torch.isinf(b)), name
+        finite = torch.isfinite(b)
+        res = compare(a.detach()[finite], b.detach()[finite], reduction_tolerance(dtype, g * 32, b[finite]),
+                      name=name)
+        assert res["passed"], f"{layout} {dtype} {name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_linear_normalises_in_the_products_prologue(tmp_path, dtype):
     # the row statistics are a glue stage writing one value per row; x · rstd · gamma is computed on the

@@ -71,6 +71,7 @@ class Region:
     side: list  # the score body's other inputs, in order: tensors, one-value tensors, sizes
     sinks: torch.fx.Node | None = None  # one logit per head, joining the denominator
     nodes: set = field(default_factory=set)  # the region's nodes, replaced
+    bias_grad: int = -1  # which of the side tensors takes a gradient (attention_grad.fused_forward), or -1
 
 
 def _chain(node) -> tuple[torch.fx.Node, list]:

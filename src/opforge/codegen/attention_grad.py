@@ -11,9 +11,11 @@ nodes, which the staged planner runs as FlashAttention-2 kernels (codegen/emit_a
     dV = Pᵀ·dO,   dS = P ∘ (dO·Vᵀ − Δ)
     dscores = dS ∘ score′,   dQ = dscores·K,   dK = dscoresᵀ·Q
     d(sink) = −Σ exp(sink − lse)·Δ      a sink's column is sliced off, so its own dP is 0
+    d(bias) = Σ dS ∘ ∂score/∂bias       over the batches (heads) a broadcast bias serves: a kernel of its own
 
-The score body's derivative is taken rule by rule (SCORE_VJP); a body with an op outside the rules, or a side
-input (a bias) that needs a gradient, keeps the joint as traced: GEMM and glue stages.
+The score body's derivative is taken rule by rule (SCORE_VJP); a body with an op outside the rules, or more
+than one side input (a bias) that needs a gradient, or one that is not a whole (query, key) tile, keeps the
+joint as traced: GEMM and glue stages.
 """
 
 from __future__ import annotations
@@ -24,47 +26,52 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opforge.codegen.attention import SCORE_VIEWS, AttentionStage, fuse_attention
+from opforge.codegen.attention import SCORE_VIEWS, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.ops import op_name
 
 ATTENTION_OP = "opforge.attention.default"
 ATTENTION_BACKWARD = "opforge.attention_backward.default"
 
 
+# `bias_grad`: the index in `side` of the tensor that takes a gradient, or -1
 @torch.library.custom_op("opforge::attention", mutates_args=())
-def _attention(q: Tensor, k: Tensor, v: Tensor, side: list[Tensor], sinks: Optional[Tensor], region: int) -> Tensor:
+def _attention(q: Tensor, k: Tensor, v: Tensor, side: list[Tensor], sinks: Optional[Tensor], bias_grad: int,
+               region: int) -> Tensor:
     raise RuntimeError("opforge::attention stands in for a region while tracing; it is planned, not run")
 
 
 @_attention.register_fake
-def _(q, k, v, side, sinks, region):
+def _(q, k, v, side, sinks, bias_grad, region):
     bh = q.shape[0] * q.shape[1] if q.dim() == 4 else q.shape[0]
     return q.new_empty((bh, q.shape[-2], v.shape[-1]))
 
 
 @torch.library.custom_op("opforge::attention_backward", mutates_args=())
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, side: list[Tensor], sinks: Optional[Tensor], grad: Tensor,
-                        region: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                        bias_grad: int, region: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     raise RuntimeError("opforge::attention_backward stands in for a region while tracing; it is planned, not run")
 
 
 @_attention_backward.register_fake
-def _(q, k, v, side, sinks, grad, region):
+def _(q, k, v, side, sinks, grad, bias_grad, region):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            torch.empty_like(sinks) if sinks is not None else q.new_empty(0))
+            torch.empty_like(sinks) if sinks is not None else q.new_empty(0),
+            torch.empty_like(side[bias_grad]) if bias_grad >= 0 else q.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, side, sinks, region = inputs
+    q, k, v, side, sinks, bias_grad, region = inputs
     ctx.save_for_backward(q, k, v, *side, *([sinks] if sinks is not None else []))
-    ctx.n_side, ctx.sinks, ctx.region = len(side), sinks is not None, region
+    ctx.n_side, ctx.sinks, ctx.bias_grad, ctx.region = len(side), sinks is not None, bias_grad, region
 
 
 def _backward(ctx, grad):
     q, k, v, *rest = ctx.saved_tensors
     side, sinks = rest[:ctx.n_side], (rest[ctx.n_side] if ctx.sinks else None)
-    dq, dk, dv, dsinks = torch.ops.opforge.attention_backward(q, k, v, side, sinks, grad, ctx.region)
-    return dq, dk, dv, [None] * ctx.n_side, (dsinks if ctx.sinks else None), None
+    dq, dk, dv, dsinks, dbias = torch.ops.opforge.attention_backward(q, k, v, side, sinks, grad, ctx.bias_grad,
+                                                                     ctx.region)
+    dside = [dbias if i == ctx.bias_grad else None for i in range(ctx.n_side)]
+    return dq, dk, dv, dside, (dsinks if ctx.sinks else None), None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup)
@@ -73,8 +80,8 @@ _attention.register_autograd(_backward, setup_context=_setup)
 # d(input) of each score-body op from the gradient `g` of its output `y`; args rendered as Triton source.
 # None: no gradient flows to that argument (a condition, a fill value).
 SCORE_VJP = {
-    "aten.add.Tensor": lambda a, y, g, alpha=1: [g, f"{g} * {alpha}"],
-    "aten.sub.Tensor": lambda a, y, g, alpha=1: [g, f"-{g} * {alpha}"],
+    "aten.add.Tensor": lambda a, y, g, alpha="1": [g, g if alpha in ("1", "1.0") else f"{g} * {alpha}"],
+    "aten.sub.Tensor": lambda a, y, g, alpha="1": [g, f"-{g}" if alpha in ("1", "1.0") else f"-{g} * {alpha}"],
     "aten.mul.Tensor": lambda a, y, g: [f"{g} * {a[1]}", f"{g} * {a[0]}"],
     "aten.div.Tensor": lambda a, y, g: [f"{g} / {a[1]}", f"-{g} * {a[0]} / ({a[1]} * {a[1]})"],
     "aten.neg.default": lambda a, y, g: [f"-{g}"],
@@ -87,19 +94,22 @@ SCORE_VJP = {
     "aten._to_copy.default": lambda a, y, g: [g],  # the tile stays float32 in the kernel
 }
 
-def score_reading(score: torch.fx.GraphModule) -> list:
-    """The score body's nodes whose value depends on the scores (its first input), in graph order."""
+def score_reading(score: torch.fx.GraphModule, wrt: torch.fx.Node | None = None) -> list:
+    """The score body's nodes whose value depends on the scores (its first input), or on input `wrt`, in graph
+    order."""
     nodes = list(score.graph.nodes)
-    reading = {nodes[0]}
+    reading = {wrt if wrt is not None else nodes[0]}
     for n in nodes[1:]:
         if n.op == "call_function" and any(a in reading for a in n.all_input_nodes):
             reading.add(n)
     return [n for n in nodes if n in reading and n.op == "call_function"]
 
 
-def differentiable(score: torch.fx.GraphModule) -> bool:
-    """Every op the scores flow through has a rule in SCORE_VJP (or passes the gradient through)."""
-    return all(op_name(n.target) in SCORE_VJP or op_name(n.target) in SCORE_VIEWS for n in score_reading(score))
+def differentiable(score: torch.fx.GraphModule, wrt: torch.fx.Node | None = None) -> bool:
+    """Every op the scores (or input `wrt`) flow through has a rule in SCORE_VJP (or passes the gradient
+    through)."""
+    return all(op_name(n.target) in SCORE_VJP or op_name(n.target) in SCORE_VIEWS
+               for n in score_reading(score, wrt))
 
 
 @dataclass
@@ -128,9 +138,24 @@ def fused_forward(gm: torch.fx.GraphModule, grad_inputs: list[int]) -> tuple[tor
     needs_grad = {placeholders[i] for i in grad_inputs}
     for r in regions:
         tensors = [s for s in r.side if isinstance(s.meta.get("val"), torch.Tensor)]
-        if not differentiable(r.score) or any(_upstream(t) & needs_grad for t in tensors):
+        learned = [i for i, t in enumerate(tensors) if _upstream(t) & needs_grad]
+        if not differentiable(r.score) or len(learned) > 1:
             return None
+        if learned:
+            r.bias_grad = learned[0]
+            if not _whole_tile(r, tensors[r.bias_grad]):
+                return None
     return copy, regions
+
+
+def _whole_tile(region, bias) -> bool:
+    """A bias the kernels can differentiate: one value per (query, key) of the scores (a per-head relative
+    bias, or a batch's own), read by ops with rules."""
+    shape, scores = bias.meta["val"].shape, region.score.graph.find_nodes(op="placeholder")[0].meta["val"].shape
+    if len(shape) < 2 or side_kind(bias) != "tile" or tuple(shape[-2:]) != tuple(scores[-2:]):
+        return False
+    placeholder = region.score.graph.find_nodes(op="placeholder")[1 + region.side.index(bias)]
+    return differentiable(region.score, placeholder)
 
 
 def _upstream(n) -> set:
@@ -159,7 +184,7 @@ class RunFused(torch.fx.Interpreter):
         side = rest[:len(region.side)]
         sinks = rest[len(region.side)] if region.sinks is not None else None
         tensors = [s for s in side if isinstance(s, torch.Tensor)]
-        return torch.ops.opforge.attention(q, k, v, tensors, sinks, self.keys[n])
+        return torch.ops.opforge.attention(q, k, v, tensors, sinks, region.bias_grad, self.keys[n])
 
 
 def prepare_joint(gm: torch.fx.GraphModule, records: list[TracedAttention]) -> None:
@@ -178,17 +203,20 @@ def prepare_joint(gm: torch.fx.GraphModule, records: list[TracedAttention]) -> N
 
 @dataclass
 class AttentionBackwardStage(AttentionStage):
-    """dQ, dK, dV (and the sinks' gradient) of one attention from its inputs and dO; `node` is dQ."""
+    """dQ, dK, dV (and the sinks' and a bias's gradients) of one attention from its inputs and dO; `node` is dQ."""
 
     grad: str = ""
     dk: str = ""
     dv: str = ""
     dsinks: str | None = None
+    bias: str | None = None  # the side tile that takes a gradient, and its gradient
+    dbias: str | None = None
     grad_like: dict = field(default_factory=dict)  # each gradient -> input whose dtype it takes (else float32)
 
     @property
     def writes(self) -> list[str]:
-        return [self.node, self.dk, self.dv] + ([self.dsinks] if self.dsinks else [])
+        return [self.node, self.dk, self.dv] + ([self.dsinks] if self.dsinks else []) + (
+            [self.dbias] if self.dbias else [])
 
     @property
     def reads(self) -> list[str]:
@@ -196,11 +224,11 @@ class AttentionBackwardStage(AttentionStage):
 
     @property
     def launches(self) -> int:
-        """dQ over query blocks (with lse and Δ), dK and dV over key blocks, and the sinks' sums."""
-        return 2 + bool(self.dsinks)
+        """dQ over query blocks (with lse and Δ), dK and dV over key blocks, the sinks' sums, the bias's tiles."""
+        return 2 + bool(self.dsinks) + bool(self.dbias)
 
     def flops(self, numel) -> int:
         """Q·Kᵀ and dO·Vᵀ in three walks, then Pᵀ·dO, dscoresᵀ·Q and dscores·K: 18·D per (query, key) pair the
-        mask keeps (D = Dv)."""
+        mask keeps (D = Dv); a bias's gradient computes Q·Kᵀ and dO·Vᵀ once more, 4·D."""
         heads, d = numel(self.shape) // max(1, numel(self.shape[-2:])), numel([self.head_dim])
-        return heads * self.pairs(numel) * 18 * d
+        return heads * self.pairs(numel) * (18 + 4 * bool(self.dbias)) * d

@@ -109,14 +109,16 @@ def _score_program(st) -> tuple[list[str], dict]:
     return lines, var
 
 
-def score_grad_statements(st, grad: str) -> tuple[list[str], str]:
+def score_grad_statements(st, grad: str, wrt: str | None = None) -> tuple[list[str], str]:
     """The score body's derivative: statements taking `grad` (d loss / d result, on the tile) back to the
-    scores, rule by rule (attention_grad.SCORE_VJP) in reverse order, and the variable holding d scores.
-    Only what the scores flow through is differentiated: side inputs take no gradient here."""
+    scores (or to side input `wrt`, a bias), rule by rule (attention_grad.SCORE_VJP) in reverse order, and the
+    variable holding that derivative. Only what that input flows through is differentiated."""
     _, var = _score_program(st)
-    reading = score_reading(st.score)
+    placeholders = st.score.graph.find_nodes(op="placeholder")
+    scores = placeholders[0] if wrt is None else placeholders[1 + st.side.index(wrt)]
+    reading = score_reading(st.score, scores)
     out = st.score.graph.find_nodes(op="output")[0].args[0]
-    scores = next(iter(st.score.graph.nodes))
+    stem = "d_scores" if wrt is None else f"d_{wrt}"
     flows = {n: [] for n in [scores] + reading}
     flows[out].append(grad)
     lines, taken = [], set()
@@ -129,7 +131,7 @@ def score_grad_statements(st, grad: str) -> tuple[list[str], str]:
     def total(node, parts: list[str]) -> str:  # a value read twice: the sum of what each reader hands back
         if len(parts) == 1:
             return parts[0]
-        name = fresh(f"d_{node.name}" if node is not scores else "d_scores")
+        name = fresh(f"d_{node.name}" if node is not scores else stem)
         lines.append(f"{name} = {' + '.join(parts)}")
         return name
 
@@ -149,7 +151,7 @@ def score_grad_statements(st, grad: str) -> tuple[list[str], str]:
             if d is None or a not in flows:
                 continue
             if not d.isidentifier():  # else the gradient passes as it is (an add's)
-                name = fresh(f"d_{a.name}" if a is not scores else "d_scores")
+                name = fresh(f"d_{a.name}" if a is not scores else stem)
                 lines.append(f"{name} = {d}  # {key}'s derivative")
                 d = name
             flows[a].append(d)
@@ -312,12 +314,12 @@ def emit_attention_backward_kernels(op: str, st) -> str:
         return [f"{indent}cols = start + tl.arange(0, BLOCK_N)  # key positions"] + _load(
             "kt", "k_ptr", _KT, _KT_MASK, indent) + _load(*vt_load, indent)
 
-    def probabilities(indent: str) -> list[str]:  # P from the log-sum-exp, dS, and d scores
+    def probabilities(indent: str, d_scores: bool = True) -> list[str]:  # P from the log-sum-exp, dS, d scores
         return _score_tile(st, indent) + [indent + x for x in [
             "# a probability exactly as the forward's softmax gave it; 0 outside the tile's queries and keys",
             "p = tl.where((rows_ < SQ) & (cols_ < SK), tl.exp(s - lse[:, None]), 0.0)",
             "dp = tl.dot(do, _dot_operand(vt, DOT_DTYPE), input_precision=PRECISION)",
-            "ds = p * (dp - delta[:, None])  # the softmax's derivative", *grad_lines]]
+            "ds = p * (dp - delta[:, None])  # the softmax's derivative", *(grad_lines if d_scores else [])]]
 
     parts = []
     params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "dq_ptr"] + ptrs + (
@@ -393,6 +395,8 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     b("             _to_dtype(dv, dv_ptr.dtype.element_ty), mask=inside & (rdv[None, :] < DV))")
     parts.append("\n".join(lines))
 
+    if st.dbias:
+        parts.append(_dbias_kernel(st, prefix, ptrs, strides, rest, keys, do_load, probabilities))
     if st.sinks:
         lines = _kernel(f"{prefix}_dsinks_kernel", ["sinks_ptr", "lse_ptr", "delta_ptr", "dsinks_ptr", "B", "H", "SQ",
                                                     "sinks_sh", "dsinks_sh", "BLOCK_M: tl.constexpr"],
@@ -413,6 +417,44 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     return "\n\n\n".join(parts) + "\n"
 
 
+def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: list[str], keys, do_load,
+                  probabilities) -> str:
+    """d(bias) on one (query, key) tile of the bias, summed in order over the batches and heads it serves: the
+    program walks them, recomputing P and dS, so that no two programs write one element."""
+    bias_lines, d_bias = score_grad_statements(st, "ds", wrt=st.bias)
+    params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "dbias_ptr"] + ptrs
+    params += ["B", "H", "GROUPS", "SQ", "SK", "D", "DV"] + strides + ["dbias_sb", "dbias_sh", "dbias_sm", "dbias_sn"]
+    params += ["B_SUM", "H_SUM"] + rest + _CONSTEXPRS
+    lines = _kernel(f"{prefix}_dbias_kernel", params,
+                    f"{st.name}: d {st.bias} on a (query, key) tile, summed over the B_SUM batches and H_SUM heads "
+                    "that read it.")
+    b = lines.append
+    b("    pid_m, pid_n, own = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)")
+    b("    # the first batch and head summed: the tile's own, or 0 where the bias serves them all")
+    b("    own_b, own_h = own // (H // H_SUM) * B_SUM, own % (H // H_SUM) * H_SUM")
+    b("    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)")
+    b("    start = pid_n.to(tl.int64) * BLOCK_N")
+    b("    cols = start + tl.arange(0, BLOCK_N)")
+    b("    at = own_b * dbias_sb + own_h * dbias_sh + rows[:, None] * dbias_sm + cols[None, :] * dbias_sn")
+    b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
+    b("    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+    b("    for b in range(own_b, own_b + B_SUM):")
+    b("        for h in range(own_h, own_h + H_SUM):")
+    b("            kv = h // GROUPS")
+    b("            bh = b * H + h")
+    lines += _load("q", "q_ptr", _Q, _Q_MASK, "            ", dot=True)
+    lines += ["            " + x for x in do_load]
+    b("            lse = tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
+    b("            delta = tl.load(delta_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
+    lines += keys("            ")
+    lines += probabilities("            ", d_scores=False)
+    lines += ["            " + x for x in bias_lines]
+    b(f"            acc += {d_bias}")
+    b("    inside = (rows[:, None] < SQ) & (cols[None, :] < SK)")
+    b("    tl.store(dbias_ptr + at, _to_dtype(acc, dbias_ptr.dtype.element_ty), mask=inside)")
+    return "\n".join(lines)
+
+
 def _launch_prologue(st, tensor_args: list[str], lines: list[str], sinks: bool = True) -> tuple[list[str], list[str]]:
     """The launcher's checks, sizes and score-body arguments, shared by both passes: Q, K, V as 4-D views
     (B, H, S, D), the side tiles broadcast to (B, H, Sq, Sk). Returns the side pointer and the trailing
@@ -424,7 +466,7 @@ def _launch_prologue(st, tensor_args: list[str], lines: list[str], sinks: bool =
     b("        q4, k4, v4 = q4.unsqueeze(0), k4.unsqueeze(0), v4.unsqueeze(0)")
     b("    B, H, SQ, D = q4.shape")
     b("    SK, DV = k4.shape[2], v4.shape[3]")
-    b("    if k4.shape[-1] != D or v4.shape[2] != SK or H % k4.shape[1] or v4.shape[1] != k4.shape[1]:")
+    b("    if k4.shape[-1] != D or v4.shape[2] != SK or H % max(k4.shape[1], 1) or v4.shape[1] != k4.shape[1]:")
     b(f'        raise ValueError(f"{st.node}: attention of q {{tuple({q}.shape)}}, k {{tuple({k}.shape)}}, '
       f'v {{tuple({v}.shape)}}")')
     tiles, scalars = _kinds(st, "tile"), _kinds(st, "scalar")
@@ -454,7 +496,7 @@ def _call(lines: list[str], kernel: str, grid: str, args: list[str], tail: str) 
 
 _BLOCKS = "BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_DTYPE=dot,\n" \
           "        PRECISION=precision, **_attention_launch()"
-_QKV = ["H", "H // k4.shape[1]", "SQ", "SK", "D", "DV", "*q4.stride()", "*k4.stride()", "*v4.stride()"]
+_QKV = ["H", "H // max(k4.shape[1], 1)", "SQ", "SK", "D", "DV", "*q4.stride()", "*k4.stride()", "*v4.stride()"]
 
 
 def emit_attention_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
@@ -492,6 +534,19 @@ def _backward_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs:
     _call(lines, f"{prefix}_dkdv_kernel", "(triton.cdiv(SK, block_n), B * k4.shape[1])",
           common + ["d4[1]", "d4[2]"] + ptrs + _QKV + [f"*{st.grad}.stride()", "*d4[1].stride()", "*d4[2].stride()"]
           + rest, _BLOCKS)
+    if st.dbias:
+        b("    if B * H == 0:  # no batch or head reads the bias: its gradient is zeros")
+        b(f"        {st.dbias} = torch.zeros({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
+        b("    else:")
+        b(f"        {st.dbias} = torch.empty({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
+        b(f"    {st.dbias}_v = {st.dbias}.expand(B, H, SQ, SK)")
+        b("    # a bias broadcast over the batches (heads) sums their gradients: stride 0 there")
+        b(f"    b_sum = max(B, 1) if {st.bias}_v.stride(0) == 0 else 1")
+        b(f"    h_sum = max(H, 1) if {st.bias}_v.stride(1) == 0 else 1")
+        b("    grid = (triton.cdiv(SQ, block_m), triton.cdiv(SK, block_n), B // b_sum * (H // h_sum))")
+        _call(lines, f"{prefix}_dbias_kernel", "grid",
+              common + [f"{st.dbias}_v"] + ptrs + ["B"] + _QKV + [f"*{st.grad}.stride()", f"*{st.dbias}_v.stride()",
+                                                               "b_sum", "h_sum"] + rest, _BLOCKS)
     if st.sinks:
         _call(lines, f"{prefix}_dsinks_kernel", "(H,)",
               [st.sinks, "lse", "delta", st.dsinks, "B", "H", "SQ", f"{st.sinks}.stride(0)", f"{st.dsinks}.stride(0)"],

@@ -76,8 +76,25 @@ def _operand_params(st: GemmStage) -> tuple[list[str], list[str]]:
             strides += [f"{side}_sb", f"{side}_s0", f"{side}_s1"]
             continue
         ptrs += [f"{side}_{n}_ptr" for n in pro.loads + pro.scalars]
-        strides += [f"{side}_{n}_{x}" for n in pro.loads for x in ("sb", "s0", "s1")]
-    return ptrs, strides
+        if pro.merge:  # the 3-D value's strides
+            strides += [f"{side}_{n}_{x}" for n in pro.loads for x in ("s0", "s1", "s2")]
+        else:
+            strides += [f"{side}_{n}_{x}" for n in pro.loads for x in ("sb", "s0", "s1")]
+    # and the size of the groups a merged axis is cut into
+    return ptrs, strides + [f"{side}_group" for side, pro in st.prologues.items() if pro.merge]
+
+
+def _merged_at(side: str, merge: tuple[int, int]) -> tuple[str, str]:
+    """The statement cutting the merged axis's indices into (group, place in the group), and the offset of an
+    element of a merged prologue's 3-D input from them and the other axis's index."""
+    first, axis = merge
+    r0, r1, _ = _AT[side]
+    idx = [(r0, "[:, None]"), (r1, "[None, :]")]
+    (merged, at_m), (other, at_o) = idx[axis], idx[1 - axis]
+    cut = (f"        {side}_grp, {side}_pos = {merged} // {side}_group, {merged} % {side}_group  "
+           f"# {side.upper()}'s merged axis")
+    parts = {first: f"{side}_grp{at_m}", first + 1: f"{side}_pos{at_m}", 2 - 2 * first: f"{other}{at_o}"}
+    return cut, " + ".join(f"{parts[d]} * {{p}}_s{d}" for d in range(3))
 
 
 def _operand_tile(st: GemmStage, side: str) -> list[str]:
@@ -85,14 +102,21 @@ def _operand_tile(st: GemmStage, side: str) -> list[str]:
     r0, r1, inside = _AT[side]
     at = f"bid * {{p}}_sb + {r0}[:, None] * {{p}}_s0 + {r1}[None, :] * {{p}}_s1"
     pro = st.prologues.get(side)
+    cut = []
+    if pro is not None and pro.merge:
+        line, at = _merged_at(side, pro.merge)
+        cut = [line]
     if pro is None:
         return [f"        {side} = tl.load({side}_ptr + {at.format(p=side)},",
                 f"                    mask={inside}, other=0.0)"]
     lines = [f"        # {side.upper()} computed on the tile from its prologue's inputs: never in memory",
-             f"        inside = {inside}"]
+             f"        inside = {inside}"] + cut
     for n in pro.loads:
-        lines += [f"        {n} = _to_f32(tl.load(", f"            {side}_{n}_ptr + {at.format(p=f'{side}_{n}')},",
-                  "            mask=inside, other=0.0))"]
+        terms = [f"{side}_{n}_ptr"] + at.format(p=f"{side}_{n}").split(" + ")
+        offset = [" + ".join(terms)] if len(" + ".join(terms)) < 96 else [
+            " + ".join(terms[:2]), "+ " + " + ".join(terms[2:])]  # one term a line would be too many
+        lines += [f"        {n} = _to_f32(tl.load(", *[f"            {x}" for x in offset[:-1]],
+                  f"            {offset[-1]},", "            mask=inside, other=0.0))"]
     for s in pro.plan.body:
         lines.append(f"        {s.target} = {s.expr}  # {s.comment}")
     value = pro.plan.outputs[0].value
@@ -143,12 +167,17 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
         split = [side for side in ("a", "b") if side in st.prologues]
         for side in ("a", "b"):
             b(f"        {side}_hi = _dot_operand({side}, DOT_DTYPE)")
-        for side in split:
-            b(f"        {side}_lo = _dot_operand({side} - _to_f32({side}_hi), DOT_DTYPE)")
         b("        accumulator = tl.dot(a_hi, b_hi, accumulator, input_precision=PRECISION)")
         b("        if DOT_DTYPE != tl.float32:  # float32 operands multiply as they are")
         for side in split:
-            pair = ("a_lo", "b_hi") if side == "a" else ("a_hi", "b_lo")
+            other = "b" if side == "a" else "a"
+            b(f"            # {side.upper()}'s rounding error times {other.upper()}, finite values only: an infinity's "
+              "product is the first dot's")
+            finite = f"tl.abs({side}) < float('inf')"
+            b(f"            {side}_lo = _dot_operand(tl.where({finite}, {side} - _to_f32({side}_hi), 0.0), DOT_DTYPE)")
+            b(f"            {other}_fin = tl.where(tl.abs({other}_hi) < float('inf'), {other}_hi, "
+              f"tl.zeros_like({other}_hi))")
+            pair = ("a_lo", "b_fin") if side == "a" else ("a_fin", "b_lo")
             b(f"            accumulator = tl.dot({pair[0]}, {pair[1]}, accumulator, input_precision=PRECISION)")
     b("    mask = (rm[:, None] < M) & (rn[None, :] < N)")
     if st.bias:
@@ -181,6 +210,7 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
     b = lines.append
     a, bb = st.a, st.b
+    sizes = {}  # a merged prologue's operand shape, which no tensor has
     operands, strided = [], []  # the kernel's pointers for A and B, and the tensors among them it strides
     for side, name in (("a", st.a), ("b", st.b)):
         pro = st.prologues.get(side)
@@ -197,11 +227,19 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
         strided += [f"{side}_{n}" for n in pro.loads]
         name = f"{side}_{pro.loads[0]}"
         (a, bb) = (name, bb) if side == "a" else (a, name)
-    b(f"    batch = {a}.shape[0] if {a}.dim() == 3 else 1")
-    b(f"    M, K, N = {a}.shape[-2], {a}.shape[-1], {bb}.shape[-1]")
-    b(f"    if {bb}.shape[-2] != K or {bb}.dim() != {a}.dim():")
-    b(f"        raise ValueError(f\"{st.node}: cannot multiply {{tuple({a}.shape)}} by {{tuple({bb}.shape)}}\")")
-    b(f"    shape = ({a}.shape[0], M, N) if {a}.dim() == 3 else (M, N)")
+        if pro.merge:
+            first, axis = pro.merge
+            dims = [f"{side}_shape[0] * {side}_shape[1]", f"{side}_shape[2]"] if first == 0 else \
+                [f"{side}_shape[0]", f"{side}_shape[1] * {side}_shape[2]"]
+            sizes[name] = f"{side}_dims"
+            b(f"    {side}_dims = torch.Size(({', '.join(dims if axis == first else dims[::-1])}))  # the operand's")
+    sa, sb = (sizes.get(t, f"{t}.shape") for t in (a, bb))
+    ra, rb = (f"len({sizes[t]})" if t in sizes else f"{t}.dim()" for t in (a, bb))
+    b(f"    batch = {sa}[0] if {ra} == 3 else 1")
+    b(f"    M, K, N = {sa}[-2], {sa}[-1], {sb}[-1]")
+    b(f"    if {sb}[-2] != K or {rb} != {ra}:")
+    b(f"        raise ValueError(f\"{st.node}: cannot multiply {{tuple({sa})}} by {{tuple({sb})}}\")")
+    b(f"    shape = ({sa}[0], M, N) if {ra} == 3 else (M, N)")
     for name in st.writes:
         like = st.like if name == st.node else next(o.like for o in st.epilogue.outputs if o.name == name)
         dtype = f"{like}.dtype" if like else "torch.float32"
@@ -221,7 +259,9 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     views = {t: f"{t}_v" for t in st.tiles_in}
     tiles = st.tiles_in + st.writes
     args = operands + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
-    args += [_strides3(t, st.batched) for t in strided]
+    merged = {f"{side}_{n}": side for side, pro in st.prologues.items() if pro.merge for n in pro.loads}
+    args += [f"*{t}.stride()" if t in merged else _strides3(t, st.batched) for t in strided]
+    args += [f"{side}_shape[{pro.merge[0] + 1}]" for side, pro in st.prologues.items() if pro.merge]
     args += [_strides3(views.get(t, t), st.batched) for t in tiles]
     args += st.attrs
     b(f"    {gemm_kernel_name(op, st)}[grid](")

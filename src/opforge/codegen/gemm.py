@@ -69,7 +69,7 @@ def has_products(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and op_name(n.target) in STAGES for n in gm.graph.nodes)
 
 
-ITEM_NAMES = {ATTENTION_BACKWARD: ("dq", "dk", "dv", "dsinks")}
+ITEM_NAMES = {ATTENTION_BACKWARD: ("dq", "dk", "dv", "dsinks", "dbias")}
 
 
 def _stage_item(n) -> bool:
@@ -88,6 +88,10 @@ class Prologue:
     loads: list[str]  # inputs read as tiles: broadcast to the value's shape, then taken through `views`
     scalars: list[str]  # one-value inputs
     views: list[tuple[str, tuple]]  # (Tensor method, arguments as source) from the value to the operand
+    # A 3-D value whose dimensions (i, i+1) a view merges into one of the operand's (a weight dequantized with one
+    # scale per group of g columns: (N, G, g) -> (N, G·g)): (i, the operand's axis they become). Its inputs stay
+    # 3-D, indexed along the merged axis by (index // g, index % g): no view can take a stride-0 scale there.
+    merge: tuple[int, int] | None = None
 
 
 @dataclass
@@ -429,13 +433,14 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                         done.update(h_outputs)
                         plan, g_inputs, pointwise = t_plan, t_inputs, True
             if target is not None and pointwise:
-                p, side, views = target
+                p, side, views, merge = target
                 ins = list(dict.fromkeys(names[a] for a in g_inputs))
                 full = {a.name for a in plan.inputs if a.full}
                 prologues.setdefault(p, {})[side] = Prologue(
                     plan, [n for n in ins if n in full], [n for n in ins if n not in full],
-                    [(VIEW_METHODS[op_name(v.target)], tuple(_host_arg(a, names, placeholders) for a in v.args[1:]))
-                     for v in views])
+                    [] if merge else [(VIEW_METHODS[op_name(v.target)],
+                                       tuple(_host_arg(a, names, placeholders) for a in v.args[1:])) for v in views],
+                    merge)
                 prologue_inputs.setdefault(p, []).extend(g_inputs)
                 continue
             if fused is not None and not pointwise:
@@ -622,13 +627,14 @@ def _traced_attention(name: str, p, names: dict, result_like: dict, input_names:
                   head_dim=q.meta["val"].shape[-1], attrs=rec.attrs)
     if op_name(p.target) == ATTENTION_OP:
         return AttentionStage(name, names[p], like=result_like.get(p), shape=list(p.meta["val"].shape), **common)
-    grad = p.args[5]
-    grads = [items.get(i) for i in range(4)]
+    grad, bias_grad = p.args[5:7]
+    grads = [items.get(i) for i in range(5)]
     # a gradient nobody reads is still computed (the kernels write all three): named after its stage
-    gname = [names[g] if g is not None else f"{name}_d{w}" for g, w in zip(grads, ("q", "k", "v", "sinks"))]
+    gname = [names[g] if g is not None else f"{name}_d{w}" for g, w in zip(grads, ("q", "k", "v", "sinks", "bias"))]
     return AttentionBackwardStage(
         name, gname[0], like=None, shape=list(q.meta["val"].shape), grad=names[grad], dk=gname[1], dv=gname[2],
         dsinks=gname[3] if sinks is not None else None,
+        bias=names[tensors[bias_grad]] if bias_grad >= 0 else None, dbias=gname[4] if bias_grad >= 0 else None,
         grad_like={n: result_like.get(g) for n, g in zip(gname, grads) if g is not None}, **common)
 
 
@@ -667,10 +673,15 @@ PROLOGUE_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default"
                   "aten.expand.default"}  # views that take a broadcast (stride-0) tensor as they take any other
 
 
+MERGE_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+SWAPS = {"aten.t.default", "aten.transpose.int", "aten.permute.default"}  # of a 2-D operand: its two axes
+
+
 def _operand_chain(value, host: set, needed: set) -> tuple | None:
-    """(product, "a" or "b", views) when `value` is read by nothing the pass needs but one operand of one
-    product, through views the launcher takes on each prologue input; else None."""
-    views, n = [], value
+    """(product, "a" or "b", views, merge) when `value` is read by nothing the pass needs but one operand of one
+    product, through views the launcher takes on each prologue input, or through a view merging two dimensions
+    of a 3-D value then swaps (Prologue.merge); else None."""
+    views, n, merged = [], value, None
     while True:
         users = [u for u in n.users if u in needed and not _symbolic(u)]
         if len(users) != 1:
@@ -679,11 +690,39 @@ def _operand_chain(value, host: set, needed: set) -> tuple | None:
         key = op_name(u.target) if u.op == "call_function" else None
         if key in PRODUCTS:
             a, b = operands(u)
-            return (u, "a" if n is a else "b", views) if (n is a) != (n is b) else None
-        if u not in host or key not in PROLOGUE_VIEWS:
+            if (n is a) == (n is b) or (merged is not None and key == "aten.bmm.default"):
+                return None
+            if merged is None:
+                return u, "a" if n is a else "b", views, None
+            swaps = sum(_swaps(v) for v in views)  # each swap moves the merged axis to the other
+            return u, "a" if n is a else "b", views, (merged, merged if swaps % 2 == 0 else 1 - merged)
+        if u in host and key in MERGE_VIEWS and n is value and _merged(n, u) is not None:
+            merged = _merged(n, u)  # the first merged dimension, which is also the merged axis of the 2-D view
+            n = u
+            continue
+        if u not in host or key not in (SWAPS if merged is not None else PROLOGUE_VIEWS):
             return None
         views.append(u)
         n = u
+
+
+def _swaps(view) -> bool:
+    """Whether a view of a 2-D tensor swaps its axes."""
+    key = op_name(view.target)
+    if key == "aten.t.default":
+        return True
+    if key == "aten.transpose.int":
+        return view.args[1] % 2 != view.args[2] % 2
+    return [d % 2 for d in view.args[1]] == [1, 0]
+
+
+def _merged(value, view) -> int | None:
+    """i when `view` makes 3-D `value` 2-D by merging its dimensions i and i+1; compared at the trace's sizes."""
+    pre, post = (tuple(int(getattr(d, "node", None).hint if hasattr(d, "node") else d) for d in t.meta["val"].shape)
+                 for t in (value, view))
+    if len(pre) != 3 or len(post) != 2:
+        return None
+    return 0 if post == (pre[0] * pre[1], pre[2]) else 1 if post == (pre[0], pre[1] * pre[2]) else None
 
 
 def _split_tail(part: list, value) -> tuple[list, list] | None:
