@@ -536,9 +536,10 @@ def _size_node(g: torch.fx.Graph, expr, where: dict, env: dict):
 
 def _components(nodes: list) -> list[list]:
     """`nodes` in groups connected by the values they hand each other, each in graph order: an RMSNorm of one
-    product and a RoPE of another are two kernels, of two shapes. Groups of one and the same shape that read a
-    common input are one group too: one kernel reads that input once (a SwiGLU's backward reads dh for the
-    gradients of both the gate and the up projection)."""
+    product and a RoPE of another are two kernels, of two shapes. Groups over one and the same shape that read a
+    common input of that shape are one group too: one kernel reads that input once (a SwiGLU's backward reads
+    dh for the gradients of both the gate and the up projection; a LayerNorm's reads dy for dx and for the
+    column sums of d weight and d bias)."""
     part = {n: n for n in nodes}
 
     def root(n):
@@ -551,20 +552,25 @@ def _components(nodes: list) -> list[list]:
         for a in n.all_input_nodes:
             if a in part:
                 part[root(a)] = root(n)
-    shapes: dict = {}  # a group's root -> the shapes of its values
+    space: dict = {}  # a group's root -> the shape it runs over: that of the largest value it reads or makes
     for n in nodes:
-        shapes.setdefault(root(n), set()).add(str(n.meta["val"].shape))
+        r = root(n)
+        for v in [n] + [a for a in n.all_input_nodes if not _symbolic(a)]:
+            val = v.meta["val"]
+            if r not in space or val.numel() > space[r].numel():
+                space[r] = val
     readers: dict = {}  # an outside input -> the groups reading it
     for n in nodes:
         for a in n.all_input_nodes:
             if a not in part and not _symbolic(a):
                 readers.setdefault(a, []).append(n)
-    for group in readers.values():
+    for a_in, group in readers.items():
+        shape = str(a_in.meta["val"].shape)
         for n in group[1:]:
             a, b = root(group[0]), root(n)
-            if a is not b and len(shapes[a]) == 1 and shapes[a] == shapes[b]:
+            if a is not b and str(space[a].shape) == str(space[b].shape) == shape:
                 part[b] = a
-                shapes[a] |= shapes.pop(b)
+                space.pop(b)
     groups: dict = {}
     for n in nodes:
         groups.setdefault(root(n), []).append(n)
