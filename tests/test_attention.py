@@ -188,6 +188,49 @@ def test_two_learned_biases_keep_the_backward_as_products_and_glue(tmp_path):
     _check_backward(req, impl, {"B": 2, "H": 3, "S": 37, "D": 16}, torch.float32, 37)
 
 
+def test_attention_written_with_einsum_is_recognised_forward_and_backward(tmp_path):
+    # einsum traces size-1 dimensions added, permuted and viewed away around each bmm: folded into one reshape
+    # (decompose.fold_reshapes), the pattern is the same as with @
+    body = ('s = torch.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] ** 0.5\n'
+            'return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, dim=-1), v)')
+    path = _request(tmp_path, "einsum_attention", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                                   "v": ["B", "H", "S", "D"]}, body, {"B": 2, "H": 3, "S": 40, "D": 16},
+                    backward=True)
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and not build.forward.gemms and not build.forward.glue
+    assert len(build.backward.attentions) == 1 and not build.backward.gemms
+    _check_backward(req, impl, {"B": 2, "H": 3, "S": 37, "D": 16}, torch.float32, 37)
+
+
+def test_a_boolean_key_padding_mask_is_read_in_the_score_body_forward_and_backward(tmp_path):
+    # keep (B, S) of bool, as a tokenizer's attention mask: masked_fill(~keep, -inf) on the score tile
+    path = _request(tmp_path, "padded", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                         "v": ["B", "H", "S", "D"], "keep": ["B", "S"]},
+                    "s = (q @ k.transpose(-1, -2)) * 0.25\n"
+                    "return torch.softmax(s.masked_fill(~keep[:, None, None, :], float('-inf')), dim=-1) @ v",
+                    {"B": 2, "H": 3, "S": 40, "D": 16}, backward=True)
+    doc = yaml.safe_load((path / "request.yaml").read_text())
+    doc["inputs"]["keep"] = {"shape": ["B", "S"], "dtype": "bool"}
+    (path / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and len(build.backward.attentions) == 1
+    gen = torch.Generator().manual_seed(3)
+    b, h, s, d = 2, 3, 37, 16
+    q, k, v = (torch.randn(b, h, s, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    keep = torch.rand(b, s, generator=gen) > 0.3
+    keep[:, 0] = True  # every query keeps a key: no row of the softmax is all -inf
+    g = torch.randn(b, h, s, d, generator=gen, dtype=torch.float64)
+    got_in = [t.float().requires_grad_() for t in (q, k, v)]
+    want_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = impl.padded(*got_in, keep)
+    want = req.load_reference()(*want_in, keep)
+    got_g = torch.autograd.grad(got, got_in, g.float())
+    want_g = torch.autograd.grad(want, want_in, g)
+    for name, a, w in zip(["out", "grad_q", "grad_k", "grad_v"], [got, *got_g], [want, *want_g]):
+        res = compare(a.detach().double(), w.detach(), reduction_tolerance(torch.float32, s, w), name=name)
+        assert res["passed"], f"{name}: max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
 def test_probabilities_read_outside_the_region_keep_the_products(tmp_path):
     # the probabilities are an output too: they must be written, so the region is not fused
     body = ("p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)\n"

@@ -275,6 +275,19 @@ def test_a_norm_projection_split_into_heads_then_rotated(tmp_path, dtype):
     _check(req, impl, {"T": 24, "E": 40, "H": 3, "D": 16}, dtype, 40)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_linear_of_three_dimensional_activations_fuses_its_epilogue_through_the_view(tmp_path, dtype):
+    """F.linear of (B, S, E) traces (B·S, N) viewed (B, S, N): the bias, a per-token scale, the activation and the
+    residual move below that view (decompose.sink_row_views) and run in the GEMM's epilogue."""
+    d = _request(tmp_path, f"linear_3d_{str(dtype)[6:]}",
+                 {"x": ["B", "S", "E"], "w": ["N", "E"], "b": ["N"], "s": ["B", "S", 1], "r": ["B", "S", "N"]},
+                 "return F.silu(F.linear(x, w, b) * s) + r", {"B": 2, "S": 24, "E": 40, "N": 48})
+    req, build, impl = _impl(d, tmp_path)
+    (gemm,) = build.forward.gemms
+    assert gemm.epilogue is not None and not build.forward.glue
+    _check(req, impl, {"B": 2, "S": 19, "E": 33, "N": 21}, dtype, 33)
+
+
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     # a swiglu MLP: the gate and up products, then the down product of their SiLU-gated product
     path = _request(tmp_path, "mlp", {"x": ["N", "H"], "w1": ["F", "H"], "w3": ["F", "H"], "w2": ["H", "F"]},

@@ -23,7 +23,7 @@ REQUEST_FILE = "request.yaml"
 CATEGORIES = ("elementwise", "reduction", "norm", "activation", "matmul", "attention", "other")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 # integer inputs: class labels and other indices, quantized weights; never differentiated, read exactly
-INDEX_DTYPES = ("int64", "int32", "int8")
+INDEX_DTYPES = ("int64", "int32", "int8", "bool")  # read exactly, drawn from a range, no gradient
 ATTR_TYPES = {"float": float, "int": int, "bool": bool}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -104,7 +104,8 @@ class InputSpec:
 
     @property
     def index(self) -> bool:
-        """An integer input (class labels): drawn from its range, read exactly, no gradient."""
+        """An integer input (class labels) or a boolean one (a mask): drawn from its range, read exactly, no
+        gradient."""
         return self.dtypes[0] in INDEX_DTYPES
 
 
@@ -207,7 +208,8 @@ def _dtype_list(value, where: str) -> list[str]:
         raise _bad(where, "expected a dtype or a non-empty list of dtypes")
     for d in items:
         if d not in FLOAT_DTYPES:
-            raise _bad(where, f"unknown dtype {d!r} (expected one of {', '.join(FLOAT_DTYPES)})")
+            raise _bad(where, f"unknown dtype {d!r} (expected one of {', '.join(FLOAT_DTYPES)}, or alone one of "
+                              f"{', '.join(INDEX_DTYPES)})")
     return list(items)
 
 
@@ -301,6 +303,8 @@ def load_request(request_dir: str | Path) -> Request:
         rg = _field(spec, "inputs.<name>", "requires_grad", where, default=default_grad)
         rng = _field(spec, "inputs.<name>", "range", where)
         edges = _field(spec, "inputs.<name>", "edges", where, default=[])
+        if dtypes[0] == "bool" and rng is None:
+            rng = [0, 2]  # False and True
         if dtypes[0] in INDEX_DTYPES:
             rng = _index_range(rng, edges, rg, where)
         elif rng is not None:

@@ -17,7 +17,7 @@ from torch._decomp import get_decompositions
 from torch._guards import detect_fake_mode
 from torch.overrides import TorchFunctionMode
 
-from opforge.codegen.ops import REDUCE_KIND, op_name
+from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCE_KIND, op_name
 
 aten = torch.ops.aten
 
@@ -217,6 +217,119 @@ def drop_full_slices(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+_REORDERS = RESHAPES | {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.permute.default}
+
+
+def fold_reshapes(gm: torch.fx.GraphModule) -> None:
+    """A reshape at the end of a chain of views, unsqueezes and permutes that leaves the elements in their order
+    (what einsum traces: size-1 dimensions added, moved about and viewed away) is a reshape of the chain's start:
+    the planners then see one view where a product's operand or result is only regrouped."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in RESHAPES or not _contiguous(node):
+            continue
+        start, src = None, node.args[0]
+        while isinstance(src, torch.fx.Node) and src.op == "call_function" and src.target in _REORDERS:
+            src = src.args[0]
+            if _contiguous(src):
+                start = src
+        if start is not None and start is not node.args[0]:
+            node.args = (start, *node.args[1:])
+    for node in list(graph.nodes):  # a size read off a reshape is its argument: the reshape may go then
+        if node.op == "call_function" and node.target == aten.sym_size.int and node.args[0].target in RESHAPES:
+            size = node.args[0].args[1][node.args[1]]
+            if isinstance(size, torch.fx.Node) or (isinstance(size, int) and size >= 0):
+                node.replace_all_uses_with(size)
+                graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+PRODUCTS_2D = {aten.mm.default, aten.addmm.default}
+
+
+def sink_row_views(gm: torch.fx.GraphModule) -> None:
+    """F.linear of a (B, S, E) input traces the product as (B·S, N) viewed (B, S, N), so the bias, activation
+    and residual after it run on the view. Each pointwise op on such a view runs on the product's rows instead,
+    its other inputs viewed (B·S, ·) too where they have the rows, and the view moves below it: the staged
+    planner then fuses that work into the GEMM's epilogue."""
+    graph = gm.graph
+    rows_of = {n for n in graph.nodes if n.op == "call_function" and n.target in PRODUCTS_2D}  # (rows, N) values
+    moved = True
+    while moved:
+        moved = False
+        for view in list(graph.nodes):
+            if view.op != "call_function" or view.target not in RESHAPES or not _row_view(view, rows_of):
+                continue
+            for op in list(view.users):
+                args = _on_rows(op, view, rows_of, graph)
+                if args is None:
+                    continue
+                readers, val = list(op.users), op.meta["val"]
+                op.args = args  # the op keeps its name: the kernels' variables stay the reference's
+                op.meta["val"] = _fake(op.target, args, op.kwargs)
+                rows_of.add(op)
+                with graph.inserting_after(op):
+                    back = graph.call_function(view.target, (op, view.args[1]))
+                back.meta["val"] = val
+                for r in readers:
+                    r.replace_input_with(op, back)
+                moved = True
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+def _row_view(view, rows_of: set) -> bool:
+    """A view of a product's (rows, N), or of work on them, as (..., N): leading dimensions that split the rows."""
+    src, val = view.args[0], view.meta.get("val")
+    return src in rows_of and isinstance(val, torch.Tensor) and val.dim() > 2 and \
+        str(val.shape[-1]) == str(src.meta["val"].shape[-1])
+
+
+def _on_rows(op, view, rows_of: set, graph):
+    """`op`'s arguments on the product's rows, or None when `op` is no pointwise op of the view and inputs that
+    have its rows, broadcast along them, or are one value."""
+    rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
+    if rule is None or rule.kind != POINTWISE or str(op.meta["val"].shape) != str(view.meta["val"].shape):
+        return None
+    shape, lead = view.meta["val"].shape, str(list(view.meta["val"].shape[:-1]))
+    out = []
+    for a in op.args:
+        if isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in RESHAPES and \
+                str(a.meta["val"].shape) == str(shape) and _row_view(a, rows_of):
+            out.append(a.args[0])  # this view, or another of rows: the rows themselves
+        elif not isinstance(a, torch.fx.Node):
+            out.append(a)
+        elif not isinstance(a.meta.get("val"), torch.Tensor):
+            return None
+        elif a.meta["val"].dim() <= 1 or (a.meta["val"].dim() == 2 and str(a.meta["val"].shape[0]) == "1"):
+            out.append(a)  # a per-column vector, or one value: broadcasts along the rows as it is
+        elif a.meta["val"].dim() == len(shape) and str(list(a.meta["val"].shape[:-1])) == lead:
+            last = a.meta["val"].shape[-1]
+            sizes = [-1, last if isinstance(last, int) else _insert(graph, op, aten.sym_size.int, (a, len(shape) - 1))]
+            out.append(_insert(graph, op, aten.reshape.default, (a, sizes)))  # (B, S, N) or (B, S, 1) by rows
+        else:
+            return None
+    return tuple(out)
+
+
+def _contiguous(node) -> bool:
+    """Whether a node's value lies in row-major order (size-1 dimensions' strides aside), as far as its
+    symbolic strides tell."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    expected = 1
+    for size, stride in reversed(list(zip(val.shape, val.stride()))):
+        if str(size) != "1" and str(stride) != str(expected):
+            return False
+        expected = expected * size
+    return True
+
+
 def factor_column_sums(gm: torch.fx.GraphModule) -> None:
     """sum over leading dims of (f · t), f constant along them and computed from an earlier reduction, becomes
     f · sum(t), in place (so for neg and a scalar factor). Then the sum no longer waits for f: a batch norm's
@@ -298,7 +411,12 @@ def _insert(graph: torch.fx.Graph, before, target, args) -> torch.fx.Node:
     """A new node computing target(*args) before `before`, with its fake value for the planners."""
     with graph.inserting_before(before):
         new = graph.call_function(target, args)
+    new.meta["val"] = _fake(target, args)
+    return new
+
+
+def _fake(target, args, kwargs=None):
+    """The fake value target(*args, **kwargs) would have, args being nodes (their values), sizes and constants."""
     vals = [_val(a) for a in args]
     with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or contextlib.nullcontext():  # sizes
-        new.meta["val"] = target(*vals)
-    return new
+        return target(*vals, **{k: _val(v) for k, v in (kwargs or {}).items()})

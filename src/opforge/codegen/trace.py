@@ -23,8 +23,10 @@ from opforge.codegen.decompose import (
     SizeSafeFunctionals,
     drop_full_slices,
     factor_column_sums,
+    fold_reshapes,
     rewrite_inplace,
     rewrite_variance,
+    sink_row_views,
 )
 from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, dim_size
@@ -225,6 +227,8 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         rewrite_inplace(gm)
         drop_full_slices(gm)
         factor_column_sums(gm)
+        fold_reshapes(gm)
+        sink_row_views(gm)
     return g_a, g_b
 
 

@@ -22,7 +22,7 @@ from opforge.skills.op_api.markdown import cell
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
-ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4, "int8": 1}
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4, "int8": 1, "bool": 1}
 
 
 def _input_bytes(req: Request, name: str, eb: int) -> int:
