@@ -314,6 +314,11 @@ def emit_attention_backward_kernels(op: str, st) -> str:
         return [f"{indent}cols = start + tl.arange(0, BLOCK_N)  # key positions"] + _load(
             "kt", "k_ptr", _KT, _KT_MASK, indent) + _load(*vt_load, indent)
 
+    def queries(indent: str) -> list[str]:  # a block of queries: Q, dO and their saved log-sum-exp and Δ
+        return _load("q", "q_ptr", _Q, _Q_MASK, indent, dot=True) + [indent + x for x in do_load] + [
+            f"{indent}lse = tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)",
+            f"{indent}delta = tl.load(delta_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)"]
+
     def probabilities(indent: str, d_scores: bool = True) -> list[str]:  # P from the log-sum-exp, dS, d scores
         return _score_tile(st, indent) + [indent + x for x in [
             "# a probability exactly as the forward's softmax gave it; 0 outside the tile's queries and keys",
@@ -381,10 +386,7 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     b("        bh = b * H + h")
     lines += _query_walk(st, "        ")
     b("            rows = first + tl.arange(0, BLOCK_M)  # query positions")
-    lines += _load("q", "q_ptr", _Q, _Q_MASK, "            ", dot=True)
-    lines += ["            " + x for x in do_load]
-    b("            lse = tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
-    b("            delta = tl.load(delta_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
+    lines += queries("            ")
     lines += probabilities("            ")
     b("            dv += tl.dot(tl.trans(_dot_operand(p, DOT_DTYPE)), do, input_precision=PRECISION)")
     b(f"            dk += tl.dot(tl.trans(_dot_operand({d_scores}, DOT_DTYPE)), q, input_precision=PRECISION)")
@@ -396,7 +398,7 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     parts.append("\n".join(lines))
 
     if st.dbias:
-        parts.append(_dbias_kernel(st, prefix, ptrs, strides, rest, keys, do_load, probabilities))
+        parts.append(_dbias_kernel(st, prefix, ptrs, strides, rest, queries, keys, probabilities))
     if st.sinks:
         lines = _kernel(f"{prefix}_dsinks_kernel", ["sinks_ptr", "lse_ptr", "delta_ptr", "dsinks_ptr", "B", "H", "SQ",
                                                     "sinks_sh", "dsinks_sh", "BLOCK_M: tl.constexpr"],
@@ -417,7 +419,7 @@ def emit_attention_backward_kernels(op: str, st) -> str:
     return "\n\n\n".join(parts) + "\n"
 
 
-def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: list[str], keys, do_load,
+def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: list[str], queries, keys,
                   probabilities) -> str:
     """d(bias) on one (query, key) tile of the bias, summed in order over the batches and heads it serves: the
     program walks them, recomputing P and dS, so that no two programs write one element."""
@@ -442,10 +444,7 @@ def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: li
     b("        for h in range(own_h, own_h + H_SUM):")
     b("            kv = h // GROUPS")
     b("            bh = b * H + h")
-    lines += _load("q", "q_ptr", _Q, _Q_MASK, "            ", dot=True)
-    lines += ["            " + x for x in do_load]
-    b("            lse = tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
-    b("            delta = tl.load(delta_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)")
+    lines += queries("            ")
     lines += keys("            ")
     lines += probabilities("            ", d_scores=False)
     lines += ["            " + x for x in bias_lines]

@@ -724,7 +724,7 @@ def _swaps(view) -> bool:
 
 def _merged(value, view) -> int | None:
     """i when `view` makes 3-D `value` 2-D by merging its dimensions i and i+1; compared at the trace's sizes."""
-    pre, post = (tuple(int(getattr(d, "node", None).hint if hasattr(d, "node") else d) for d in t.meta["val"].shape)
+    pre, post = (tuple(int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in t.meta["val"].shape)
                  for t in (value, view))
     if len(pre) != 3 or len(post) != 2:
         return None
