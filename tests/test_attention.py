@@ -316,3 +316,75 @@ def test_a_head_of_256_fits_an_h200_programs_shared_memory_in_both_dtypes(tmp_pa
     for b in builds:
         assert b["shared_bytes"] <= 227 * 1024 and b["spill_bytes"] == 0, b
         assert (b["constexprs"]["BLOCK_M"] == 32) == (b["dtype"] == "float32"), b
+
+
+SDPA = {  # keyword arguments of F.scaled_dot_product_attention, and the inputs they need
+    "causal": ("is_causal=True", {}),
+    "grouped": ("enable_gqa=True, scale=0.3", {"k": ["B", "G", "S", "D"], "v": ["B", "G", "S", "D"]}),
+    "bool_mask": ("attn_mask=keep[:, None, None, :]", {"keep": ["B", "S"]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SDPA))
+def test_scaled_dot_product_attention_is_traced_as_its_formula_and_fused_forward_and_backward(tmp_path, case):
+    # torch traces F.scaled_dot_product_attention to a backend's opaque kernel: its formula is fused instead
+    kwargs, inputs = SDPA[case]
+    heads = "G*R" if case == "grouped" else "H"
+    shapes = {"q": ["B", heads, "S", "D"], "k": ["B", heads, "S", "D"], "v": ["B", heads, "S", "D"], **inputs}
+    path = _request(tmp_path, f"sdpa_{case}", shapes,
+                    f"return torch.nn.functional.scaled_dot_product_attention(q, k, v, {kwargs})",
+                    {"B": 2, **({"G": 2, "R": 2} if case == "grouped" else {"H": 3}), "S": 40, "D": 16},
+                    backward=True, no_grad=("keep",))
+    if case == "bool_mask":
+        doc = yaml.safe_load((path / "request.yaml").read_text())
+        doc["inputs"]["keep"] = {"shape": ["B", "S"], "dtype": "bool"}
+        (path / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and not build.forward.gemms and not build.forward.glue
+    assert len(build.backward.attentions) == 1 and not build.backward.gemms
+    if case == "bool_mask":
+        return  # its numerics: the masked_fill test above; a random mask may leave a query no key
+    binding = {"B": 2, **({"G": 2, "R": 2} if case == "grouped" else {"H": 3}), "S": 37, "D": 16}
+    _check_backward(req, impl, binding, torch.float32, 37)
+
+
+def test_a_masked_score_that_overflows_takes_no_weight(tmp_path):
+    # the causal mask's -inf is set on the tile, not added: an inf score above the diagonal plus -inf was NaN
+    path = _request(tmp_path, "causal", {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"],
+                                         "v": ["B", "H", "S", "D"]},
+                    "return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                    {"B": 1, "H": 2, "S": 40, "D": 16})
+    req, build, impl = _impl(path, tmp_path)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 37, 16, generator=gen) for _ in range(3))
+    q[0, 0, 3], k[0, 0, 20] = 1e20, 1e20  # query 3 and key 20: a score of inf in float32, masked (20 > 3)
+    got = impl.causal(q, k, v)
+    want = req.load_reference()(q.double(), k.double(), v.double())
+    assert torch.isfinite(got).all()
+    res = compare(got.double(), want, reduction_tolerance(torch.float32, 37, want), name="out")
+    assert res["passed"], f"max_abs={res['max_abs']} worst={res['worst'][:2]}"
+
+
+def test_queries_keys_and_values_sliced_from_one_projection_are_read_in_place(tmp_path):
+    # x @ w_qkv.T split into Q, K, V and viewed as heads: one GEMM, the attention reads its columns through
+    # narrow views, and the output projection is the third kernel; nothing between them is copied. The
+    # backward writes dQ, dK, dV, places them side by side (torch.cat: the split's gradient) and takes dx and
+    # dw_qkv from that one tensor
+    body = ("b, s, e = x.shape\n"
+            "q, k, v = torch.nn.functional.linear(x, w_qkv).split(e, dim=-1)\n"
+            "q, k, v = (t.view(b, s, 4, e // 4).transpose(1, 2) for t in (q, k, v))\n"
+            "o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+            "return torch.nn.functional.linear(o.transpose(1, 2).reshape(b, s, e), w_o)")
+    path = _request(tmp_path, "qkv_attention", {"x": ["B", "S", "4*D"], "w_qkv": ["12*D", "4*D"],
+                                                "w_o": ["4*D", "4*D"]}, body, {"B": 2, "S": 40, "D": 16},
+                    backward=True)
+    req, build, impl = _impl(path, tmp_path)
+    fwd, bwd = build.forward, build.backward
+    assert len(fwd.gemms) == 2 and len(fwd.attentions) == 1 and not fwd.glue
+    source = (tmp_path / "qkv_attention_impl.py").read_text()
+    assert source.count(".narrow(-1,") == 6  # Q, K, V out of the product, in the forward and the backward
+    assert len(bwd.cats) == 1 and bwd.cats[0].reads == ["view_11", "view_10", "view_9"] and not bwd.glue
+    assert [type(s).__name__ for s in bwd.steps if not hasattr(s, "op")].count("AttentionBackwardStage") == 1
+    _check(req, impl, {"B": 2, "S": 37, "D": 8}, torch.float32, 37)
+    # dx goes through three reductions in a row (dO·w_o over E, dP over the keys, dQKV·w_qkv over 3E)
+    _check_backward(req, impl, {"B": 2, "S": 37, "D": 8}, torch.float32, 37 * 3 * 32)

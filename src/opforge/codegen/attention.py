@@ -31,12 +31,12 @@ _CHAIN = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.defaul
           "aten.permute.default", "aten.detach.default", "aten.alias.default"}
 _BMM = "aten.bmm.default"
 # constants the score body may build from sizes alone, and masks of them by position
-_CONSTANTS = {"aten.full.default", "aten.new_full.default", "aten.ones.default", "aten.zeros.default",
+CONSTANTS = {"aten.full.default", "aten.new_full.default", "aten.ones.default", "aten.zeros.default",
               "aten.scalar_tensor.default"}
 _MASKS = {"aten.triu.default", "aten.tril.default"}
 # positions 0..n-1 (ALiBi's and relative biases' distances): a query's or a key's index in the kernel
 _POSITIONS = {"aten.arange.default"}
-IN_ATTENTION = _CONSTANTS | _MASKS | _POSITIONS  # lowered inside an attention kernel only
+IN_ATTENTION = CONSTANTS | _MASKS | _POSITIONS  # lowered inside an attention kernel only
 # views a score body may hold: they keep each score at its (query, key) position, or add leading dimensions
 SCORE_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
                "aten.unsqueeze.default", "aten.clone.default", "aten.detach.default", "aten.alias.default"}
@@ -107,8 +107,17 @@ def _example(node, env) -> torch.Tensor:
 
 def _operand(node, env, transposed: bool):
     """(tensor in memory, groups) when batch bh of the 3-D operand is base[b, h // groups] (its last two
-    dimensions swapped when `transposed`), else None."""
+    dimensions swapped when `transposed`), else None. The base is the value under the operand's views, or the
+    first view on the way that is (B, H, S, D) (heads of a projection: view, transpose of a slice of it)."""
     base, views = _chain(node)
+    for k in range(len(views) + 1):
+        found = _operand_at(base if k == 0 else views[k - 1], views[k:], env, transposed)
+        if found is not None:
+            return found
+    return None
+
+
+def _operand_at(base, views: list, env, transposed: bool):
     if base.meta["val"].dim() not in (3, 4):
         return None
     x = _example(base, env)
@@ -194,7 +203,7 @@ def _score_nodes(out, scores) -> tuple[list, list] | None:
         if not isinstance(n.meta.get("val"), torch.Tensor):  # a size, or arithmetic on sizes
             side.append(n)
             continue
-        if key in _CONSTANTS or key in _POSITIONS:  # made from sizes alone: what it reads is its shape and dtype
+        if key in CONSTANTS or key in _POSITIONS:  # made from sizes alone: what it reads is its shape and dtype
             body.append(n)
             continue
         if key in _MASKS:
@@ -203,7 +212,7 @@ def _score_nodes(out, scores) -> tuple[list, list] | None:
             continue
         if key in _CHAIN or (rule is not None and rule.kind == POINTWISE):
             base = _chain(n)[0]
-            made = base.op == "call_function" and op_name(base.target) in _CONSTANTS | _POSITIONS
+            made = base.op == "call_function" and op_name(base.target) in CONSTANTS | _POSITIONS
             if _reads(n, scores) or key not in _CHAIN or made:  # a view of positions is positions
                 body.append(n)
                 stack += list(n.all_input_nodes)

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opforge.codegen.attention import SCORE_VIEWS, AttentionStage, fuse_attention, side_kind
+from opforge.codegen.attention import CONSTANTS, SCORE_VIEWS, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.ops import op_name
 
 ATTENTION_OP = "opforge.attention.default"
@@ -99,8 +99,9 @@ def score_reading(score: torch.fx.GraphModule, wrt: torch.fx.Node | None = None)
     order."""
     nodes = list(score.graph.nodes)
     reading = {wrt if wrt is not None else nodes[0]}
-    for n in nodes[1:]:
-        if n.op == "call_function" and any(a in reading for a in n.all_input_nodes):
+    for n in nodes[1:]:  # a constant shaped like the scores (scores.new_full) reads only their size
+        if n.op == "call_function" and op_name(n.target) not in CONSTANTS and any(
+                a in reading for a in n.all_input_nodes):
             reading.add(n)
     return [n for n in nodes if n in reading and n.op == "call_function"]
 

@@ -104,7 +104,7 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     if plan.layout == "staged":  # one kernel a GEMM or attention stage, and what each glue stage launches
         glue = [device_events(p, subs, max_block_c) for p in plan.glue]
         return {"kernels": len(plan.gemms) + sum(a.launches for a in plan.attentions) + sum(g["kernels"] for g in glue)
-                + len(plan.copies),
+                + len(plan.copies) + len(plan.cats),
                 "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):

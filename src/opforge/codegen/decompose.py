@@ -43,11 +43,31 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
     return -(torch.log_softmax(input, 1) * target).sum() / (input.numel() // input.shape[1])
 
 
-class SizeSafeFunctionals(TorchFunctionMode):
-    """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions are replaced
-    by the same formula in tensor operations, so that every supported torch traces one symbolic graph."""
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention as the product, softmax and product it computes: each backend's kernel
+    traces to an opaque op, the formula to the pattern codegen/attention.py fuses. Dropout draws random numbers
+    the golden cannot replay: left to fail as an op without a lowering."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    if enable_gqa and key.dim() >= 3 and query.shape[-3] != key.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = (t.unsqueeze(-3).expand(*t.shape[:-2], groups, *t.shape[-2:]).flatten(-4, -3)
+                      for t in (key, value))
+    scores = query @ key.transpose(-2, -1) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:  # top-left aligned, as torch's: query i sees keys 0..i
+        scores = scores + torch.triu(scores.new_full((query.shape[-2], key.shape[-2]), float("-inf")), diagonal=1)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask
+    return torch.softmax(scores, dim=-1) @ value
 
-    TABLE = {F.cross_entropy: _cross_entropy}
+
+class SizeSafeFunctionals(TorchFunctionMode):
+    """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
+    a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
+    torch traces one symbolic graph of ops the engine lowers."""
+
+    TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa}
 
     def __init__(self):
         super().__init__()
@@ -242,6 +262,37 @@ def fold_reshapes(gm: torch.fx.GraphModule) -> None:
             if isinstance(size, torch.fx.Node) or (isinstance(size, int) and size >= 0):
                 node.replace_all_uses_with(size)
                 graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+def split_to_slices(gm: torch.fx.GraphModule) -> None:
+    """Each piece of a split (`qkv.split(E, -1)`, `x.chunk(2, -1)`) is a slice of the tensor: planners know
+    slices (a launcher view before an attention, columns of a row kernel), not tuples of pieces."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.split.Tensor, aten.split_with_sizes.default):
+            continue
+        x, sizes, dim = (list(node.args) + [0])[:3]
+        pieces = len(node.meta["val"])
+        starts, ends = [0], []
+        for i in range(pieces):  # piece i is [starts[i], ends[i]): equal sizes, or the sizes given
+            size = sizes if node.target == aten.split.Tensor else sizes[i]
+            last = i == pieces - 1 and node.target == aten.split.Tensor  # a split's last piece may be shorter
+            end = 9223372036854775807 if last else size if starts[i] == 0 else _insert(
+                graph, node, operator.add, (starts[i], size))
+            ends.append(end)
+            starts.append(end)
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                break
+            i = user.args[1]
+            piece = _insert(graph, user, aten.slice.Tensor, (x, dim, starts[i], ends[i]))
+            user.replace_all_uses_with(piece)
+            graph.erase_node(user)
+        else:
+            graph.erase_node(node)
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()

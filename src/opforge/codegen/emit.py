@@ -21,7 +21,7 @@ from opforge.codegen.emit_rows import (
     emit_row_launcher,
     launcher_signature,
 )
-from opforge.codegen.gemm import VIEW_METHODS, GemmStage, HostView
+from opforge.codegen.gemm import HOST_CATS, VIEW_METHODS, GemmStage, HostView
 from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
@@ -279,6 +279,10 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
     reading the pass's inputs and what the stages before it produced."""
     parts, calls, have = [], [], list(tensor_args)
     for step in plan.steps:
+        if isinstance(step, HostView) and step.op in HOST_CATS:  # the one copy a launcher makes itself
+            calls.append(f"    {step.target} = torch.cat({', '.join(step.args)})")
+            have.append(step.target)
+            continue
         if isinstance(step, HostView):  # a view: no copy, the kernels read it through its strides
             calls.append(f"    {step.target} = {step.args[0]}.{VIEW_METHODS[step.op]}({', '.join(step.args[1:])})")
             have.append(step.target)

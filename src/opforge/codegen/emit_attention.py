@@ -34,6 +34,14 @@ ATTN_NUM_STAGES = 2
 def _attention_launch() -> dict:
     return {} if INTERPRET else {"num_warps": ATTN_NUM_WARPS, "num_stages": ATTN_NUM_STAGES,
                                  "enable_fp_fusion": False}
+
+
+# empty, shaped like t, its dimensions laid out in t's order: the gradient of heads viewed out of a
+# (B, S, H * D) projection views back as (B, S, H * D)
+def _empty_as(t: torch.Tensor, dtype) -> torch.Tensor:
+    order = sorted(range(t.dim()), key=t.stride, reverse=True)
+    return torch.empty([t.shape[d] for d in order], device=t.device, dtype=dtype).permute(
+        [order.index(d) for d in range(t.dim())])
 """
 
 _AXES = ("rows_", "cols_")  # the tile's query and key positions, (BLOCK_M, 1) and (1, BLOCK_N)
@@ -185,7 +193,13 @@ def _score_tile(st, indent: str, head: str = "h") -> list[str]:
         lines += [f"{n} = _to_f32(tl.load({n}_ptr + b * {n}_sb + {head} * {n}_sh + rows_ * {n}_sm + cols_ * {n}_sn,",
                   "                     mask=inside, other=0.0))"]
     lines += [x.replace("cols - rows", "cols_ - rows_") for x in body]
-    lines.append(f"s = tl.where(cols_ < SK, {result}, -float('inf'))  # keys past the end take no weight")
+    lo, hi = masked_band(st.score)
+    if lo is None and hi is None:
+        lines.append(f"s = tl.where(cols_ < SK, {result}, -float('inf'))  # keys past the end take no weight")
+    else:  # and the mask's -inf set, not added: an overflowed score plus -inf would be NaN
+        band = " & ".join(["(cols_ < SK)"] + ([f"(cols_ - rows_ >= {lo})"] if lo is not None else [])
+                          + ([f"(cols_ - rows_ <= {hi})"] if hi is not None else []))
+        lines.append(f"s = tl.where({band}, {result}, -float('inf'))  # keys past the end or the band: no weight")
     return [indent + x for x in lines]
 
 
@@ -520,7 +534,7 @@ def _backward_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs:
     ptrs, rest = _launch_prologue(st, tensor_args, lines, sinks=False)
     for g, like in ((st.node, st.q), (st.dk, st.k), (st.dv, st.v)) + (((st.dsinks, st.sinks),) if st.sinks else ()):
         dtype = f"{st.grad_like[g]}.dtype" if st.grad_like.get(g) else "torch.float32"
-        b(f"    {g} = torch.empty({like}.shape, device=q4.device, dtype={dtype})")
+        b(f"    {g} = _empty_as({like}, {dtype})")
     b(f"    d4 = [g.unsqueeze(0) if g.dim() == 3 else g for g in ({st.node}, {st.dk}, {st.dv})]")
     b("    # each query's log-sum-exp and Δ, written by the dQ kernel for the two after it")
     b("    lse, delta = torch.empty((2, B * H, SQ), device=q4.device, dtype=torch.float32)")

@@ -25,7 +25,7 @@ from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention,
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage
 from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
-from opforge.codegen.symbolic import SYM_OPS, expr_of, pysrc
+from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
 
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
 # what a stage of its own computes: a product, a recognised attention, an attention traced as one op with its
@@ -36,12 +36,18 @@ HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "a
               "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.detach.default",
               "aten.alias.default", "aten.clone.default", "aten.unsqueeze.default", "aten.squeeze.dim",
               "aten.squeeze.dims"}
+# a slice is a launcher view (narrow) only where it leads to a stage, as the columns of an attention's Q, K, V
+# in one projection do; a glue kernel reads other slices at a column offset
+SLICES = {"aten.slice.Tensor"}
+# a concatenation of values in memory (the gradients of Q, K and V sliced from one projection) is torch.cat in
+# the launcher: one copy, where the glue's row kernels cannot read parts narrower than the result
+HOST_CATS = {"aten.cat.default"}
 IDENTITY_VIEWS = {"aten.detach.default", "aten.alias.default", "aten.clone.default"}  # the value itself
 # the Tensor method the launcher takes each view with (an _unsafe_view follows a copy: reshape)
 VIEW_METHODS = {"aten.t.default": "t", "aten.transpose.int": "transpose", "aten.permute.default": "permute",
                 "aten.view.default": "view", "aten._unsafe_view.default": "reshape", "aten.reshape.default": "reshape",
                 "aten.expand.default": "expand", "aten.unsqueeze.default": "unsqueeze", "aten.squeeze.dim": "squeeze",
-                "aten.squeeze.dims": "squeeze"}
+                "aten.squeeze.dims": "squeeze", "aten.slice.Tensor": "narrow"}
 
 
 def einsum_problem(equation: str) -> str | None:
@@ -155,6 +161,7 @@ class HostView:
     target: str
     op: str  # ATen overload, e.g. aten.t.default
     args: tuple  # values by name, sizes as fx nodes or ints
+    reads: list = field(default_factory=list)  # what a concatenation copies (a view copies nothing)
 
 
 @dataclass
@@ -189,6 +196,10 @@ class StagedPlan(PlanOfParts):
         return self.gemms + self.attentions + [k for p in self.glue for k in p.kernels]
 
     @property
+    def cats(self) -> list:
+        return [s for s in self.steps if isinstance(s, HostView) and s.op in HOST_CATS]
+
+    @property
     def walks(self) -> int:
         return sum(p.walks for p in self.glue)
 
@@ -214,7 +225,9 @@ class StagedPlan(PlanOfParts):
         then the copies of results that would alias."""
         out = [(v, rw) for v in self.copies for rw in ("read", "write")]
         for s in self.steps:
-            if isinstance(s, GemmStage):
+            if isinstance(s, HostView) and s.reads:
+                out += [(v, "read") for v in s.reads] + [(s.target, "write")]
+            elif isinstance(s, GemmStage):
                 out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars]
                 out += [(v, "write") for v in s.writes]
             elif isinstance(s, AttentionStage):
@@ -233,17 +246,74 @@ def _host_views(gm) -> set:
     sizes off it rather than off whichever input the trace first saw them on."""
     host: set = set()
     for n in reversed(list(gm.graph.nodes)):
-        if n.op != "call_function" or op_name(n.target) not in HOST_VIEWS:
+        if n.op != "call_function" or op_name(n.target) not in HOST_VIEWS | SLICES:
+            continue
+        if op_name(n.target) in SLICES and (len(n.args) > 4 and n.args[4] != 1):
             continue
         if all(u.op == "output" or (u.op == "call_function" and op_name(u.target) in STAGES) or u in host
-               for u in n.users):
+               or _symbolic(u) for u in n.users):  # a size read off it is read off the inputs
             host.add(n)
     for n in gm.graph.nodes:
+        if n.op == "call_function" and op_name(n.target) in HOST_CATS and all(
+                p.op == "placeholder" or p in host or _stage_item(p) for p in n.args[0]):
+            host.add(n)
+            continue
         src = n.args[0] if n.op == "call_function" and op_name(n.target) in HOST_VIEWS else None
         if src is not None and (src.op == "placeholder" or src in host or _stage_item(src) or
                                 (src.op == "call_function" and op_name(src.target) in PRODUCTS)):
             host.add(n)
     return host
+
+
+def _concatenations(gm) -> None:
+    """A sum of slice_backwards whose ranges tile one dimension (a split's gradient: each piece's gradient
+    placed in zeros, added up) is the concatenation of the pieces' gradients: rewritten as aten.cat where the
+    pieces are in memory (views of a stage's results), so the launcher copies each once."""
+    graph = gm.graph
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target != torch.ops.aten.add.Tensor or not n.users:
+            continue
+        if any(u.target == torch.ops.aten.add.Tensor for u in n.users):
+            continue  # the root of the sum only
+        leaves, stack = [], [n]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, torch.fx.Node) and x.target == torch.ops.aten.add.Tensor and (
+                    x is n or len(x.users) == 1):
+                stack += list(x.args)
+            else:
+                leaves.append(x)
+        if not all(isinstance(x, torch.fx.Node) and x.target == torch.ops.aten.slice_backward.default
+                   for x in leaves):
+            continue
+        env = shape_env_of(gm)
+        pieces = sorted(((_size_expr(x.args[3], env), x) for x in leaves), key=lambda t: hint(t[0], env) or 0)
+        sizes, dim = list(pieces[0][1].args[1]), pieces[0][1].args[2]
+        size = expr_of(n.meta["val"].shape[dim], env)
+        ends = [_size_expr(x.args[4], env) if not (isinstance(x.args[4], int) and x.args[4] >= 2 ** 62) else size
+                for _, x in pieces]
+        starts = [start for start, _ in pieces]
+        tiled = starts[0] == 0 and same(ends[-1], size, env) and all(
+            same(e, b, env) for e, b in zip(ends, starts[1:]))
+        if not tiled or any(list(x.args[1]) != sizes or x.args[2] != dim or (len(x.args) > 5 and x.args[5] != 1)
+                            for _, x in pieces) or not all(_in_memory(x.args[0]) for _, x in pieces):
+            continue
+        with graph.inserting_before(n):
+            cat = graph.call_function(torch.ops.aten.cat.default, ([x.args[0] for _, x in pieces], dim))
+        cat.meta = dict(n.meta)
+        n.replace_all_uses_with(cat)
+    graph.eliminate_dead_code()
+
+
+def _size_expr(a, env) -> sympy.Expr:
+    return expr_of(a.meta["val"] if isinstance(a, torch.fx.Node) else a, env)
+
+
+def _in_memory(n) -> bool:
+    """A value a stage wrote or an input, through views."""
+    while n.op == "call_function" and op_name(n.target) in HOST_VIEWS:
+        n = n.args[0]
+    return n.op == "placeholder" or _stage_item(n) or (n.op == "call_function" and op_name(n.target) in STAGES)
 
 
 def _depths(gm) -> dict:
@@ -310,6 +380,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     g.output(g.graph_copy(gm.graph, {}))
     gm = torch.fx.GraphModule(gm, g)  # attention regions are replaced in a copy: the trace stays as it was
     fuse_attention(gm)
+    _concatenations(gm)
     graph = gm.graph
     placeholders = graph.find_nodes(op="placeholder")
     out_node = graph.find_nodes(op="output")[0]
@@ -358,7 +429,17 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         done.add(v)
         if op_name(v.target) in IDENTITY_VIEWS:
             return
-        steps.append(HostView(names[v], op_name(v.target), tuple(_host_arg(a, names, placeholders) for a in v.args)))
+        args = tuple(_host_arg(a, names, placeholders) for a in v.args)
+        if op_name(v.target) in HOST_CATS:
+            steps.append(HostView(names[v], op_name(v.target), args, [names[a] for a in v.args[0]]))
+            return
+        if op_name(v.target) in SLICES:  # narrow(dim, start, length), each read off the inputs' sizes
+            dim = v.args[1] if len(v.args) > 1 else 0
+            start = v.args[2] if len(v.args) > 2 and v.args[2] is not None else 0
+            start = start.meta["val"] if isinstance(start, torch.fx.Node) else start
+            args = (args[0], repr(dim), _size_arg(start, placeholders, names),
+                    _size_arg(v.meta["val"].shape[dim], placeholders, names))
+        steps.append(HostView(names[v], op_name(v.target), args))
         done.add(v)
 
     prologues: dict = {}  # product -> {"a" or "b": Prologue}, found with the glue of the depth before it
@@ -577,6 +658,15 @@ def _components(nodes: list) -> list[list]:
     return list(groups.values())
 
 
+def _size_arg(size, placeholders: list, names: dict) -> str:
+    """A size (an int or SymInt) as Python source reading the inputs' sizes."""
+    found = _size_source(size, placeholders)
+    if found is None:
+        raise Unsupported([], f"a size ({size}) the launcher cannot read off the inputs")
+    expr, where = found
+    return pysrc(expr, {sym: f"{names[t]}.size({d})" for sym, (t, d) in where.items()})
+
+
 def _host_arg(a, names: dict, placeholders: list):
     """An argument of a view the launcher takes, as Python source: values by name, sizes read off the inputs."""
     if isinstance(a, (list, tuple)):
@@ -589,8 +679,7 @@ def _host_arg(a, names: dict, placeholders: list):
     if op == "aten.sym_size.int" and a.args[0].op == "placeholder":
         return f"{names[a.args[0]]}.size({a.args[1]})"
     if op == "aten.sym_size.int":  # off a value the launcher may never hold: off the inputs
-        expr, where = _size_source(a.args[0].meta["val"].shape[a.args[1]], placeholders)
-        return pysrc(expr, {sym: f"{names[t]}.size({d})" for sym, (t, d) in where.items()})
+        return _size_arg(a.args[0].meta["val"].shape[a.args[1]], placeholders, names)
     if op == "aten.sym_numel.default":
         return f"{_host_arg(a.args[0], names, placeholders)}.numel()"
     if op == "torch.sym_float":

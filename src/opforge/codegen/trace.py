@@ -27,6 +27,7 @@ from opforge.codegen.decompose import (
     rewrite_inplace,
     rewrite_variance,
     sink_row_views,
+    split_to_slices,
 )
 from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, dim_size
@@ -225,6 +226,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
     for gm in (g_a, g_b):  # the same rewrites on both keep their nodes in step for _bind_attributes
         rewrite_variance(gm)
         rewrite_inplace(gm)
+        split_to_slices(gm)
         drop_full_slices(gm)
         factor_column_sums(gm)
         fold_reshapes(gm)

@@ -78,14 +78,14 @@ def _mentions(tree: ast.Module, words: tuple[str, ...]) -> list[str]:
     return hits
 
 
-# torch calls a launch path may make: allocation, views, copies (contiguous, and clone for an output that would
-# alias an input), metadata and shape arithmetic (a GEMM prologue's inputs broadcast to one shape), and the
+# torch calls a launch path may make: allocation, views, copies (contiguous, clone for an output that would
+# alias an input, cat of gradients placed side by side), metadata and shape arithmetic (a GEMM prologue's inputs broadcast to one shape), and the
 # library machinery
-ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library", "clone",
+ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library", "clone", "cat",
                  "is_grad_enabled", "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16",
                  "int32", "int64", "bool", "dtype", "Generator", "get_device_module", "broadcast_shapes"}
 ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr", "t", "transpose",
-                   "permute",  # views: a GEMM kernel reads its operands through their strides
+                   "permute", "narrow",  # views: a GEMM or attention kernel reads its operands through strides
                    "is_contiguous", "new_empty", "expand", "unsqueeze", "squeeze", "flatten", "storage_offset",
                    "get", "register_fake", "register_autograd", "save_for_backward", "is_available",
                    "element_size", "untyped_storage"}
