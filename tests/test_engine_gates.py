@@ -125,6 +125,8 @@ def test_host_engine_refuses_a_planted_os_system_before_running_it(host_ready, t
     ("run = os\nrun.system('ls')", "os passed around as a value"),
     ("from torch import nn", "torch.nn"),
     ("y = torch.ops.aten.add", "torch.ops.aten"),
+    ("y = torch.ops.aten.mm.default(a, b)", "torch.ops.aten"),
+    ("y = torch.ops.aten.convolution", "torch.ops.aten"),  # the packet, not the overload the library call is
     ("__builtins__['open']", "__builtins__"),
     ("import opforge.verify.cases", "import opforge.verify.cases"),
 ])
@@ -141,5 +143,6 @@ def test_the_environment_paths_and_triton_are_in_reach():
            "from triton.language.extra import libdevice\n"
            "os.environ.setdefault('TRITON_INTERPRET', '1')\nA = os.environ.get('A')\nB = os.environ['B']\n"
            "os.environ['C'] = '1'\nD = os.getenv('D', '0')\nE = os.path.join(os.path.dirname(__file__), 'x')\n"
-           "F = getattr(torch, 'npu', None)\nG = torch.ops.opforge\n")
+           "F = getattr(torch, 'npu', None)\nG = torch.ops.opforge\n"
+           "H = torch.ops.aten.convolution_backward.default(g, x, w, None, [1], [0], [1], False, [0], 1, [1, 1, 0])\n")
     assert impl_reach_problems(src) == []

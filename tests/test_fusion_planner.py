@@ -105,8 +105,7 @@ def test_unseen_composition_builds_and_matches_float64(tmp_path, name):
 
 REFUSED = {
     "cumsum": ("return torch.cumsum(x, dim=-1)", "aten.cumsum.default"),
-    "convolution": ("return torch.nn.functional.conv1d(x[None], x[:3, None, :].expand(3, x.shape[0], x.shape[1]))",
-                    "aten.convolution"),
+    "sort": ("return torch.sort(x, dim=-1).values * 2", "aten.sort"),
 }
 
 
@@ -235,3 +234,13 @@ def test_gather_along_another_dimension_is_refused_by_name(tmp_path):
     with pytest.raises(Unsupported) as exc:
         plan_request(load_request(d))
     assert "aten.gather.default" in str(exc.value)
+
+
+def test_relu_passes_nan_and_negative_zero_and_takes_minus_infinity_to_zero_as_torch_does(tmp_path):
+    # -inf · 0 is NaN: a ReLU written as where(x > 0, x, x · 0) turns a convolution's -inf into NaN
+    req = load_request(write_request(tmp_path, "relu_edges", {"x": [["N"], True]}, {}, "return torch.relu(x)",
+                                     [{"N": 8}]))
+    impl = load_impl(tmp_path / "relu_edges_impl.py", generate_impl(req, plan_request(req)))
+    x = torch.tensor([float("-inf"), float("nan"), -0.0, 0.0, -1.5, 2.0, float("inf"), -3e38])
+    got, want = impl.relu_edges(x), torch.relu(x)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit, the sign of zero too

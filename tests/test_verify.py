@@ -206,8 +206,21 @@ def test_where_the_float32_reference_overflows_any_overflow_of_the_kernel_is_acc
     t64 = torch.tensor([-5.5e38, 1.0, 2.0e39, 3.0], dtype=torch.float64)  # beyond float32 at 0 and 2
     t32 = torch.tensor([float("nan"), 1.0, float("inf"), 3.0])
     actual = torch.tensor([float("-inf"), 1.0, 3.0e38, float("inf")])
-    truth, overflow = overflow_truth(actual, t64, t32)
-    assert overflow.tolist() == [True, False, True, False]
+    truth, overflow, parted = overflow_truth(actual, t64, t32)
+    assert overflow.tolist() == [True, False, True, False] and not parted.any()
     # -inf where the float32 path gave NaN: the same overflow in another order; a finite value there stays held
     # to float64, and an inf where float32 did not overflow is an error
     assert truth[0] == float("-inf") and truth[2] == 2.0e39 and truth[3] == 3.0
+
+
+def test_where_float64_is_nan_but_the_float32_path_is_not_the_kernel_may_follow_the_float32_path():
+    from opforge.verify.cases import overflow_truth
+
+    # a convolution's padded tap: float64 multiplies the zero padding by a NaN weight, the library skips it
+    t64 = torch.tensor([float("nan"), float("nan"), float("nan"), float("-inf")], dtype=torch.float64)
+    t32 = torch.tensor([0.5, 0.5, float("nan"), float("-inf")])
+    actual = torch.tensor([0.5, float("inf"), 7.0, float("-inf")])
+    truth, overflow, parted = overflow_truth(actual, t64, t32)
+    assert parted.tolist() == [True, True, False, False] and not overflow.any()
+    # the float32 path where the kernel follows it; an inf that neither path has stays held to float64's NaN
+    assert truth[0] == 0.5 and truth[1].isnan() and truth[2].isnan() and truth[3] == float("-inf")

@@ -9,7 +9,8 @@ import sympy
 
 from opforge.codegen.attention import absorbed
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
-from opforge.codegen.gemm import StagedPlan, has_products, operands, plan_staged
+from opforge.codegen.gemm import SAVED_LIBRARY, StagedPlan, has_products, operands, plan_staged
+from opforge.codegen.ops import op_name
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
 from opforge.codegen.saved import SavedStats, add_outputs, forward_products, forward_stats, read_instead
@@ -104,7 +105,7 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     if plan.layout == "staged":  # one kernel a GEMM or attention stage, and what each glue stage launches
         glue = [device_events(p, subs, max_block_c) for p in plan.glue]
         return {"kernels": len(plan.gemms) + sum(a.launches for a in plan.attentions) + sum(g["kernels"] for g in glue)
-                + len(plan.copies) + len(plan.cats),
+                + len(plan.copies) + len(plan.cats) + len(plan.libraries),
                 "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):
@@ -225,11 +226,14 @@ def _save_products(req: Request, build: Build) -> None:
     numel = numel_of(t.forward, req, req.p0[0])
     eb = 4 if "float32" in req.dtypes[:1] else 2
     moved = flops = 0
+    subs = graph_binding(t.forward, req, req.p0[0])
     for _, f in pairs:  # what recomputing would read (an input in the op's dtype, a value between stages float32)
         a, b = operands(f)
         moved += sum(numel(x) * (eb if x.op == "placeholder" else 4) for x in (a, b))
-        flops += 2 * numel(f) * int(sympy.sympify(shape_exprs(a.meta["val"])[-1]).xreplace(
-            graph_binding(t.forward, req, req.p0[0])))
+        if op_name(f.target) in SAVED_LIBRARY:  # a weight row per output element (input, if transposed)
+            flops += 2 * numel(a if f.args[6] else f) * shape_numel(shape_exprs(b.meta["val"])[1:], subs)
+        else:
+            flops += 2 * numel(f) * shape_numel(shape_exprs(a.meta["val"])[-1:], subs)
     build.saved = SavedStats(names, moved, (0, 0), "products", flops)
     build.forward, build.backward = fwd2, bwd2
 

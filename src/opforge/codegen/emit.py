@@ -21,11 +21,11 @@ from opforge.codegen.emit_rows import (
     emit_row_launcher,
     launcher_signature,
 )
-from opforge.codegen.gemm import HOST_CATS, VIEW_METHODS, GemmStage, HostView
+from opforge.codegen.gemm import HOST_CATS, VIEW_METHODS, GemmStage, HostView, LibraryStage
 from opforge.codegen.ops import HELPERS, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
-from opforge.codegen.pretty import wrap_source
+from opforge.codegen.pretty import hanging_call, wrap_source
 from opforge.codegen.symbolic import atoms, divisibility_checks, multiple_check, pysrc
 
 # The longest row a row kernel keeps in registers, as Liger's kernels do (`opforge bench compile` shows the
@@ -238,7 +238,8 @@ def _kernel_source(op: str, plan) -> str:
     if plan.layout == "staged":
         return "\n\n".join(emit_gemm_kernel(op, s) if isinstance(s, GemmStage) else
                            emit_attention_kernel(op, s) if isinstance(s, AttentionStage) else
-                           _kernel_source(op, s.plan) for s in plan.steps if not isinstance(s, HostView))
+                           _kernel_source(op, s.plan) for s in plan.steps
+                           if not isinstance(s, (HostView, LibraryStage)))
     if plan.chained:
         return "\n\n".join(_kernel_source(op, k) for k in plan.kernels)
     if plan.layout == "rows":
@@ -282,6 +283,12 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
         if isinstance(step, HostView) and step.op in HOST_CATS:  # the one copy a launcher makes itself
             calls.append(f"    {step.target} = torch.cat({', '.join(step.args)})")
             have.append(step.target)
+            continue
+        if isinstance(step, LibraryStage):  # the vendor library's own kernel, as reproducible as the caller asks
+            flags = "enabled=True, deterministic=deterministic, allow_tf32=False"
+            calls += [f"    with torch.backends.cudnn.flags({flags}):",
+                      *hanging_call(f"{', '.join(step.writes)} = torch.ops.{step.op}", step.args, 8)]
+            have += [w for w in step.writes if w not in have]
             continue
         if isinstance(step, HostView):  # a view: no copy, the kernels read it through its strides
             calls.append(f"    {step.target} = {step.args[0]}.{VIEW_METHODS[step.op]}({', '.join(step.args[1:])})")

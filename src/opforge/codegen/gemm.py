@@ -30,7 +30,11 @@ from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
 # what a stage of its own computes: a product, a recognised attention, an attention traced as one op with its
 # backward (codegen/attention_grad.py)
-STAGES = PRODUCTS | {ATTENTION, ATTENTION_OP, ATTENTION_BACKWARD}
+# ops the vendor library computes through torch (cuDNN's convolutions, or the backend's own): one call in the
+# launcher each, the glue around them fused as around a product
+LIBRARY = {"aten.convolution.default", "aten.convolution_backward.default"}
+STAGES = PRODUCTS | LIBRARY | {ATTENTION, ATTENTION_OP, ATTENTION_BACKWARD}
+SAVED_LIBRARY = {"aten.convolution.default"}  # forward values the backward reads instead of computing again
 # views the launcher takes with torch when they lead only to products, outputs and other such views
 HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
               "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.detach.default",
@@ -75,7 +79,8 @@ def has_products(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and op_name(n.target) in STAGES for n in gm.graph.nodes)
 
 
-ITEM_NAMES = {ATTENTION_BACKWARD: ("dq", "dk", "dv", "dsinks", "dbias")}
+ITEM_NAMES = {ATTENTION_BACKWARD: ("dq", "dk", "dv", "dsinks", "dbias"),
+              "aten.convolution_backward.default": ("dinput", "dweight", "dbias")}
 
 
 def _stage_item(n) -> bool:
@@ -165,6 +170,24 @@ class HostView:
 
 
 @dataclass
+class LibraryStage:
+    """A convolution or its backward, called in the launcher as the ATen op: torch dispatches it to the vendor
+    library (cuDNN, or the backend's own). Its operands are in the op's dtype, as eager's are."""
+
+    name: str
+    op: str  # ATen overload
+    args: list[str]  # each argument as launcher source
+    reads: list[str]
+    writes: list[str]  # its value, or each item it returns (a backward's unread gradients too)
+    shape: list  # the convolution's output (its input, when transposed): one weight row is summed per element
+    reduce: list  # the weight's extents after the first: what each element multiplies with
+    products: int  # 1 the forward; the backward's input and weight gradients, each as costly
+
+    def flops(self, numel) -> int:
+        return 2 * self.products * numel(self.shape) * numel(self.reduce)
+
+
+@dataclass
 class StagedPlan(PlanOfParts):
     """A pass of GEMM and glue stages; `steps` in launch order (GemmStage, GlueStage or HostView)."""
 
@@ -194,6 +217,16 @@ class StagedPlan(PlanOfParts):
     @property
     def kernels(self) -> list:
         return self.gemms + self.attentions + [k for p in self.glue for k in p.kernels]
+
+    @property
+    def libraries(self) -> list:
+        return [s for s in self.steps if isinstance(s, LibraryStage)]
+
+    @property
+    def in_dtype(self) -> set:
+        """Values handed between stages in the op's dtype rather than float32: what a library stage reads
+        and writes."""
+        return {v for s in self.libraries for v in s.reads + s.writes} - set(self.input_names)
 
     @property
     def cats(self) -> list:
@@ -230,7 +263,7 @@ class StagedPlan(PlanOfParts):
             elif isinstance(s, GemmStage):
                 out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars]
                 out += [(v, "write") for v in s.writes]
-            elif isinstance(s, AttentionStage):
+            elif isinstance(s, (AttentionStage, LibraryStage)):
                 out += [(v, "read") for v in s.reads] + [(v, "write") for v in s.writes]
             elif isinstance(s, GlueStage):
                 out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
@@ -404,6 +437,9 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         while node in host:
             node = node.args[0]
         result_like.setdefault(node, like.get(oname))
+    for p in graph.nodes:  # a library op's operands are in its dtype: one that is computed is stored in it
+        if p.op == "call_function" and op_name(p.target) in LIBRARY:
+            _library_dtypes(p, host, names, result_like)
     depth = _depths(gm)
     needed: set = set()
     stack = list(results)
@@ -456,7 +492,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
         for part in _components([n for n in compute if depth[n] == d]):
             members = set(part)
             g_inputs, sizes = _glue_inputs(part, placeholders)
-            g_outputs = [n for n in part if n in results or any(u not in members and not _symbolic(u)
+            g_outputs = [n for n in part if n in results or any(u not in members and u in needed and not _symbolic(u)
                                                                   for u in n.users)]
             fused = _fusable(prods, part, g_inputs, g_outputs, results, members)
             groups.append((part, g_inputs, g_outputs, fused, sizes))
@@ -474,6 +510,8 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                 steps.append(_attention(f"{name}_{next(count)}", p, names, result_like, placeholders))
             elif op in (ATTENTION_OP, ATTENTION_BACKWARD):
                 steps.append(_traced_attention(f"{name}_{next(count)}", p, names, result_like, input_names))
+            elif op in LIBRARY:
+                steps.append(_library(f"{name}_{next(count)}", p, names, placeholders))
             else:
                 steps.append(gemm(f"{name}_{next(count)}", p))
             done.add(p)
@@ -731,6 +769,41 @@ def _traced_attention(name: str, p, names: dict, result_like: dict, input_names:
         dsinks=gname[3] if sinks is not None else None,
         bias=names[tensors[bias_grad]] if bias_grad >= 0 else None, dbias=gname[4] if bias_grad >= 0 else None,
         grad_like={n: result_like.get(g) for n, g in zip(gname, grads) if g is not None}, **common)
+
+
+def _library_dtypes(p, host: set, names: dict, result_like: dict) -> None:
+    """Each computed tensor operand of library op `p` is stored in the dtype of an operand that is an input (its
+    weight): eager computes it in that dtype, and the library refuses operands of mixed dtypes."""
+    tensors = []
+    for a in p.args:
+        while isinstance(a, torch.fx.Node) and a in host:
+            a = a.args[0]
+        if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor):
+            tensors.append(a)
+    given = [a for a in tensors if a.op == "placeholder"]
+    if not given:
+        raise Unsupported([op_name(p.target)], "a library op with no input among its operands to take a dtype from")
+    for a in tensors:
+        if a.op != "placeholder":
+            result_like.setdefault(a, names[given[-1]])
+
+
+def _library(name: str, p, names: dict, placeholders: list) -> LibraryStage:
+    op = op_name(p.target)
+    args = [_host_arg(a, names, placeholders) for a in p.args]
+    reads = [names[a] for a in p.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+    if op == "aten.convolution.default":
+        weight, transposed = p.args[1], p.args[6]
+        x = p.args[0] if transposed else p  # the side whose every element sums one weight row
+        writes, products = [names[p]], 1
+    else:  # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, ..., output_mask)
+        weight, transposed, mask = p.args[2], p.args[7], p.args[10]
+        x = p.args[1] if transposed else p.args[0]
+        items = {u.args[1]: u for u in p.users if _stage_item(u)}
+        writes = [names[items[i]] if i in items else f"{name}_{what}" for i, what in enumerate(ITEM_NAMES[op])]
+        products = int(mask[0]) + int(mask[1])
+    return LibraryStage(name, op, args, list(dict.fromkeys(reads)), writes, list(x.meta["val"].shape),
+                        list(weight.meta["val"].shape[1:]), products)
 
 
 def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:

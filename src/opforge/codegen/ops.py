@@ -185,7 +185,9 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.bitwise_and.Tensor": OpRule(_P, lambda a, b, **_: f"({a}) & ({b})", True, "&"),
     "aten.bitwise_or.Tensor": OpRule(_P, lambda a, b, **_: f"({a}) | ({b})", True, "|"),
     "aten.bitwise_not.default": OpRule(_P, lambda a, **_: f"({a}) == 0", True, "=="),
-    "aten.relu.default": OpRule(_P, lambda a, **_: f"tl.where({a} > 0, {a}, {a} * 0.0)", True, "tl.where"),
+    # NaN and -0.0 pass through, as torch's; -inf is 0, not -inf · 0
+    "aten.relu.default": OpRule(_P, lambda a, **_: f"tl.where(({a} >= 0) | ({a} != {a}), {a}, 0.0)", True,
+                                "tl.where"),
     # comparisons and logic (int1 in registers)
     "aten.gt.Scalar": OpRule(_P, _cmp(">"), True, ">"),
     "aten.gt.Tensor": OpRule(_P, _cmp(">"), True, ">"),

@@ -58,3 +58,20 @@ def wrap_line(line: str, width: int = WIDTH) -> list[str]:
 def wrap_source(source: str, width: int = WIDTH) -> str:
     """Every line of `source` within `width` where a break after a comma can make it so."""
     return "\n".join(piece for line in source.split("\n") for piece in wrap_line(line, width))
+
+
+def hanging_call(head: str, args: list[str], indent: int, width: int = WIDTH) -> list[str]:
+    """`head(args)` at `indent`, its arguments on continuation lines four deeper when one line is too long
+    (a call whose bracket opens too far right to align with)."""
+    line = " " * indent + f"{head}({', '.join(args)})"
+    if len(line) <= width:
+        return [line]
+    out, cur, pad = [" " * indent + f"{head}("], "", " " * (indent + 4)
+    for a in args:
+        piece = f"{cur}, {a}" if cur else a
+        if cur and len(pad + piece) + 2 > width:
+            out.append(f"{pad}{cur},")
+            piece = a
+        cur = piece
+    out.append(f"{pad}{cur})")
+    return out

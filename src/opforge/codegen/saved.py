@@ -9,7 +9,8 @@ P0 shape and stated in DESIGN.md with its bytes.
 
 Matrix products are saved always (as autograd saves a linear's input and output): the forward has the
 product's tile in registers, so storing it costs one write, where recomputing it in the backward reads both
-operands again, writes the product anyway, and redoes its 2·M·N·K flops.
+operands again, writes the product anyway, and redoes its 2·M·N·K flops. So are convolutions the library
+computes: their output is in memory anyway.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.codegen.gemm import PRODUCTS
+from opforge.codegen.gemm import PRODUCTS, SAVED_LIBRARY
 from opforge.codegen.ops import op_name, upstream
 from opforge.codegen.rows import RowPlan, cut_at
 
@@ -86,12 +87,13 @@ def forward_stats(fwd: RowPlan, bwd: RowPlan, fwd_gm, joint_gm, n_inputs: int) -
 def forward_products(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
     """(backward node, forward node) for each matrix product the backward computes again from the inputs to
     find its gradients (the joint graph's outputs after the forward's `n_outputs`)."""
-    fwd_keys = {k: n for n, k in _keys(fwd_gm, n_inputs).items() if op_name(n.target) in PRODUCTS}
+    kept = PRODUCTS | SAVED_LIBRARY
+    fwd_keys = {k: n for n, k in _keys(fwd_gm, n_inputs).items() if op_name(n.target) in kept}
     grads = set([n for n in joint_gm.graph.nodes if n.op == "placeholder"][n_inputs:])
     needed = upstream(joint_gm.graph.find_nodes(op="output")[0].args[0][n_outputs:])
     out = []
     for n, k in _keys(joint_gm, n_inputs).items():
-        recomputed = op_name(n.target) in PRODUCTS and n in needed and not (upstream([n]) & grads)
+        recomputed = op_name(n.target) in kept and n in needed and not (upstream([n]) & grads)
         f = fwd_keys.get(k) if recomputed else None
         if f is not None and all(f is not g for _, g in out):
             out.append((n, f))

@@ -79,10 +79,11 @@ def _mentions(tree: ast.Module, words: tuple[str, ...]) -> list[str]:
 
 
 # torch calls a launch path may make: allocation, views, copies (contiguous, clone for an output that would
-# alias an input, cat of gradients placed side by side), metadata and shape arithmetic (a GEMM prologue's inputs broadcast to one shape), and the
-# library machinery
-ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library", "clone", "cat",
-                 "is_grad_enabled", "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16", "bfloat16",
+# alias an input, cat of gradients placed side by side), metadata and shape arithmetic (a GEMM prologue's inputs
+# broadcast to one shape), and the library machinery
+ALLOWED_TORCH = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor", "library", "clone",
+                 "cat", "is_grad_enabled", "ops", "cuda", "npu", "device", "Tensor", "Size", "float32", "float16",
+                 "bfloat16",
                  "int32", "int64", "bool", "dtype", "Generator", "get_device_module", "broadcast_shapes"}
 ALLOWED_METHODS = {"contiguous", "view", "reshape", "numel", "size", "dim", "stride", "data_ptr", "t", "transpose",
                    "permute", "narrow",  # views: a GEMM or attention kernel reads its operands through strides
@@ -137,6 +138,10 @@ REFUSED_BUILTINS = {"__import__", "exec", "eval", "compile", "open", "breakpoint
                     "__builtins__"}
 
 
+# The vendor library calls a plan may make (codegen/gemm.py's LIBRARY): convolutions through torch, exactly these
+LIBRARY_CALLS = {"torch.ops.aten.convolution.default", "torch.ops.aten.convolution_backward.default"}
+
+
 def _reach_problem(dotted: str) -> str | None:
     """Why `dotted` (a module path with attributes) is out of an impl's reach, or None."""
     parts = dotted.split(".")
@@ -148,7 +153,7 @@ def _reach_problem(dotted: str) -> str | None:
     if parts[0] == "torch" and len(parts) > 1:
         if parts[1] in TORCH_REFUSED:
             return f"torch.{parts[1]} (computes outside Triton)"
-        if parts[1] == "ops" and len(parts) > 2 and parts[2] != "opforge":
+        if parts[1] == "ops" and len(parts) > 2 and parts[2] != "opforge" and dotted not in LIBRARY_CALLS:
             return f"torch.ops.{parts[2]} (computes outside Triton)"
     return None
 

@@ -247,9 +247,10 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
             # out lucky, so the model's own size is admitted too (it is 0 for outputs that reduce nothing)
             walk = 2.0 * math.sqrt(k) * torch.finfo(torch.float32).eps * _finite_max_abs(t64) if k > 1 else 0.0
             tol = Tolerance(base.atol + 4.0 * ref_err + 10.0 * spread.get(name, 0.0) + walk, base.rtol)
-            truth, overflow = overflow_truth(actual, t64, t32)
+            truth, overflow, parted = overflow_truth(actual, t64, t32)
             res = compare(actual, truth, tol, inputs=named_inputs, name=name)
             res["float32_overflow_positions"] = int(overflow.sum())
+            res["float32_path_positions"] = int(parted.sum())
             res["reference_fp32_error"] = ref_err
             if name in spread:
                 res["reference_fp32_error_rms"] = spread[name]
@@ -262,14 +263,27 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
     return _record(case, seed, all(r["passed"] for r in results), results, blocks=blocks)
 
 
-def overflow_truth(actual: torch.Tensor, t64: torch.Tensor, t32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The truth a result is judged against, and where the reference's own float32 path overflows. There the
-    kernel may overflow too, to whichever of ±inf and NaN its order of summation gives (a product's sum of
-    +inf and -inf terms is NaN in one order, inf where a fused multiply-add absorbs the second); a kernel that
-    stays finite there is held to float64 like everywhere else (more robust is not wrong)."""
-    overflow = ~torch.isfinite(t32) & torch.isfinite(t64)
+def overflow_truth(actual: torch.Tensor, t64: torch.Tensor,
+                   t32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The truth a result is judged against, where the reference's own float32 path overflows, and where the
+    float64 path is non-finite but the float32 path is not, or non-finite otherwise.
+
+    Where float32 overflows the kernel may overflow too, to whichever of ±inf and NaN its order of summation
+    gives (a product's sum of +inf and -inf terms is NaN in one order, inf where a fused multiply-add absorbs
+    the second); a kernel that stays finite there is held to float64 like everywhere else (more robust is not
+    wrong). Where the two paths part on a non-finite float64 value, they ran different implementations (a
+    library convolution skips the zero padding that the float64 path multiplies by a NaN weight): a kernel
+    that follows the float32 path there is held to it."""
     a = actual.detach().cpu().double()
-    return torch.where(overflow & ~torch.isfinite(a), a, t64), overflow
+    overflow = ~torch.isfinite(t32) & torch.isfinite(t64)
+    truth = torch.where(overflow & ~torch.isfinite(a), a, t64)
+    t32 = t32.double()
+
+    def kind(t):  # 0 finite, 1 +inf, 2 -inf, 3 NaN
+        return torch.isinf(t) * (1 + (t < 0)) + 3 * torch.isnan(t)
+    parted = ~torch.isfinite(t64) & (kind(t32) != kind(t64))
+    truth = torch.where(parted & (kind(a) == kind(t32)), t32, truth)
+    return truth, overflow, parted
 
 
 def _golden_paths(golden, tensors, g_outs, attrs, grad_inputs, forward=None) -> dict:

@@ -13,7 +13,7 @@ from opforge.bench.roofline import classify, describe
 from opforge.codegen.attention_grad import AttentionBackwardStage
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
 from opforge.codegen.eager_dispatch import eager_cost
-from opforge.codegen.gemm import HOST_VIEWS, PRODUCTS, HostView, einsum_problem
+from opforge.codegen.gemm import HOST_VIEWS, LIBRARY, PRODUCTS, HostView, einsum_problem
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.trace import kernel_names, trace_request
@@ -42,6 +42,8 @@ def _op_rows(traced) -> list[dict]:
         rule = OP_TABLE.get(op)
         if rule is None and op in PRODUCTS:
             kind, triton, exact = "product", "tl.dot (a GEMM stage)", False
+        elif rule is None and op in LIBRARY:
+            kind, triton, exact = "library", "the vendor library, called through torch (a library stage)", False
         elif rule is None and op in HOST_VIEWS:
             kind, triton, exact = "view", "strides (taken by the launcher)", True
         else:
@@ -90,7 +92,8 @@ def _staged_bytes(plan, gm, req, binding, eb: int) -> int:
         base = name
         while base in views:  # a view moves the bytes of what it views
             base = views[base].args[0]
-        size = (_input_bytes(req, base, eb) if base in plan.input_names else eb if name in plan.results else 4)
+        size = (_input_bytes(req, base, eb) if base in plan.input_names
+                else eb if name in plan.results or name in plan.in_dtype else 4)
         total += shape_numel(plan.shapes[name], subs) * size
     return total
 
@@ -107,7 +110,7 @@ def _flops(plan, gm, req, binding, n_elem: int) -> int:
         for side, pro in st.prologues.items():  # one statement per operand element: M·K for A, K·N for B
             other = st.shape[-1] if side == "a" else st.shape[-2]
             total += len(pro.plan.body) * n * k // max(1, shape_numel([other], subs))
-    total += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in plan.attentions)
+    total += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in plan.attentions + plan.libraries)
     return total + sum(len(p.body + p.epilogue) * n_elem for p in plan.glue)
 
 
@@ -228,6 +231,9 @@ def _staged_notes(plans: list) -> list[str]:
             out.append(f"- {st.name}: attention {st.node} = softmax(score({st.q}·{st.k}ᵀ))·{st.v}, one program per "
                        "64 queries of a (batch, head), keys walked 64 at a time with an online softmax; the scores "
                        "are never written.")
+        for st in p.libraries:
+            out.append(f"- {st.name}: {st.op.split('.')[1].replace('_', ' ')} by the vendor library (torch.ops."
+                       f"{st.op}); reads {', '.join(st.reads)}, writes {', '.join(st.writes)} in the op's dtype.")
         for g in p.glue:
             out.append(f"- {g.name}: glue between products, a {g.layout} plan.")
     out += ["- A GEMM program owns a BLOCK_M × BLOCK_N = 128 × 128 tile and walks K in BLOCK_K = 32 steps "

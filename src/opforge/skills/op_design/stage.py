@@ -221,9 +221,10 @@ def _saved_md(build, binding) -> list[str]:
         return []
     stats = ", ".join(f"`{n.removeprefix('saved_')}`" for n in s.names)
     if s.what == "products":
-        return [f"Matrix products the backward needs: {stats}. The forward stores them (float32) and the backward "
-                f"reads them: at {binding} recomputing them would read {s.bytes_saved:,} more bytes of operands and "
-                f"redo {s.flops_saved:,} flops.", ""]
+        return [f"Matrix products and convolutions the backward needs: {stats}. The forward stores them (a "
+                "product float32, a convolution in the op's dtype, as the library writes it) and the backward reads "
+                f"them: at {binding} recomputing them would read {s.bytes_saved:,} more bytes of operands and redo "
+                f"{s.flops_saved:,} flops.", ""]
     head = (f"Per-row statistics the backward would recompute: {stats} (one float32 per row each). At {binding} "
             f"a looped row's backward walks it {s.walks[0]} time(s) recomputing them, {s.walks[1]} reading them")
     if s.bytes_saved > 0:
@@ -279,7 +280,11 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
                   "- GEMM: a 2-D grid of (cdiv(M, 128) · cdiv(N, 128), batch) programs, BLOCK_K = 32, 8 warps, a "
                   "3-deep software pipeline over K; every load masked, so any M, N, K work. 16-bit operands "
                   "multiply on the tensor cores in their dtype; a float32 operand in tf32 (16-bit operators) or "
-                  "IEEE float32 (float32 operators).", "",
+                  "IEEE float32 (float32 operators).",
+                  *(["- Convolutions are library stages: the launcher calls `torch.ops.aten.convolution` (and its "
+                     "backward), which torch dispatches to the vendor library (cuDNN), deterministic when the "
+                     "caller asks, without TF32; the values it reads and writes are in the op's dtype."]
+                    if any(getattr(p, "libraries", None) for p in passes) else []), "",
                   "## Memory layout", "",
                   "- Operands and outputs are read and written through their (batch, row, column) strides: the "
                   "transposes, permutes and reshapes around a product are torch views taken by the launcher, and "
