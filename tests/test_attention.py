@@ -385,6 +385,10 @@ def test_queries_keys_and_values_sliced_from_one_projection_are_read_in_place(tm
     assert source.count(".narrow(-1,") == 6  # Q, K, V out of the product, in the forward and the backward
     assert len(bwd.cats) == 1 and bwd.cats[0].reads == ["view_11", "view_10", "view_9"] and not bwd.glue
     assert [type(s).__name__ for s in bwd.steps if not hasattr(s, "op")].count("AttentionBackwardStage") == 1
+    # the output projection's weight gradient reads the attention's output: saved by the forward, not
+    # computed again by a second forward attention kernel in the backward
+    assert not [s for s in bwd.steps if type(s) is AttentionStage] and len(build.saved.names) == 2
+    assert build.saved.flops_saved > 0
     _check(req, impl, {"B": 2, "S": 37, "D": 8}, torch.float32, 37)
     # dx goes through three reductions in a row (dO·w_o over E, dP over the keys, dQKV·w_qkv over 3E)
     _check_backward(req, impl, {"B": 2, "S": 37, "D": 8}, torch.float32, 37 * 3 * 32)

@@ -72,6 +72,7 @@ class Region:
     sinks: torch.fx.Node | None = None  # one logit per head, joining the denominator
     nodes: set = field(default_factory=set)  # the region's nodes, replaced
     bias_grad: int = -1  # which of the side tensors takes a gradient (attention_grad.fused_forward), or -1
+    out: str = ""  # the name of the product with V that the region's node replaces
 
 
 def _chain(node) -> tuple[torch.fx.Node, list]:
@@ -381,6 +382,7 @@ def fuse_attention(gm: torch.fx.GraphModule) -> list[Region]:
         with gm.graph.inserting_before(p2):
             node = gm.graph.call_function(attention, args)
         node.meta = {"val": p2.meta["val"], "attention": region}
+        region.out = p2.name
         p2.replace_all_uses_with(node)
         for n in sorted(region.nodes, key=lambda n: -list(gm.graph.nodes).index(n)):
             if not n.users:

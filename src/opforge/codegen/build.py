@@ -13,7 +13,14 @@ from opforge.codegen.gemm import SAVED_LIBRARY, StagedPlan, has_products, operan
 from opforge.codegen.ops import op_name
 from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
-from opforge.codegen.saved import SavedStats, add_outputs, forward_products, forward_stats, read_instead
+from opforge.codegen.saved import (
+    SavedStats,
+    add_outputs,
+    forward_attentions,
+    forward_products,
+    forward_stats,
+    read_instead,
+)
 from opforge.codegen.symbolic import (
     exact_groups,
     graph_shapes,
@@ -217,6 +224,8 @@ def _save_products(req: Request, build: Build) -> None:
     pairs = [(b, f) for b, f in forward_products(t.forward, t.backward_graph, len(t.input_names),
                                                  len(t.output_names))
              if f.name not in inside]
+    attentions = forward_attentions(t.forward, t.backward_graph, len(t.input_names), len(t.output_names))
+    pairs += [(b, f) for b, f, _ in attentions]
     if not pairs:
         return
     names = [f"saved_{f.name}" for _, f in pairs]
@@ -227,8 +236,12 @@ def _save_products(req: Request, build: Build) -> None:
     eb = 4 if "float32" in req.dtypes[:1] else 2
     moved = flops = 0
     subs = graph_binding(t.forward, req, req.p0[0])
-    for _, f in pairs:  # what recomputing would read (an input in the op's dtype, a value between stages float32)
-        a, b = operands(f)
+    for _, _, region in attentions:  # Q, K and V read again, the attention kernel run again
+        moved += sum(numel(x) * (eb if x.op == "placeholder" else 4) for x in (region.q, region.k, region.v))
+    saved = set(fwd2.results[len(t.output_names):])
+    flops += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in fwd2.attentions if st.node in saved)
+    for _, f in pairs[:len(pairs) - len(attentions)]:
+        a, b = operands(f)  # what recomputing would read (an input in the op's dtype, a value between stages float32)
         moved += sum(numel(x) * (eb if x.op == "placeholder" else 4) for x in (a, b))
         if op_name(f.target) in SAVED_LIBRARY:  # a weight row per output element (input, if transposed)
             flops += 2 * numel(a if f.args[6] else f) * shape_numel(shape_exprs(b.meta["val"])[1:], subs)

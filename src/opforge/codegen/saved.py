@@ -10,7 +10,8 @@ P0 shape and stated in DESIGN.md with its bytes.
 Matrix products are saved always (as autograd saves a linear's input and output): the forward has the
 product's tile in registers, so storing it costs one write, where recomputing it in the backward reads both
 operands again, writes the product anyway, and redoes its 2·M·N·K flops. So are convolutions the library
-computes: their output is in memory anyway.
+computes and attentions whose output the backward reads (an output projection's weight gradient): their
+output is in memory anyway, and the backward would run the attention's forward kernel again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from opforge.codegen.attention import fuse_attention
+from opforge.codegen.attention_grad import ATTENTION_OP
 from opforge.codegen.gemm import PRODUCTS, SAVED_LIBRARY
 from opforge.codegen.ops import op_name, upstream
 from opforge.codegen.rows import RowPlan, cut_at
@@ -97,6 +100,27 @@ def forward_products(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tu
         f = fwd_keys.get(k) if recomputed else None
         if f is not None and all(f is not g for _, g in out):
             out.append((n, f))
+    return out
+
+
+def forward_attentions(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
+    """(backward node, forward node, region) for each attention whose output the backward computes again (an
+    output projection's weight gradient reads it): the joint's `opforge::attention` node, and the forward's
+    product with V that the region replaces there. The joint numbers its regions in the order
+    `fuse_attention` finds them in the forward graph."""
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(fwd_gm.graph, {}))
+    regions = fuse_attention(torch.fx.GraphModule(fwd_gm, g))
+    by_name = {n.name: n for n in fwd_gm.graph.nodes}
+    grads = set([n for n in joint_gm.graph.nodes if n.op == "placeholder"][n_inputs:])
+    needed = upstream(joint_gm.graph.find_nodes(op="output")[0].args[0][n_outputs:])
+    out = []
+    for n in joint_gm.graph.nodes:
+        # a size read off it is read off the inputs: the output itself must be read
+        read = any(u in needed and isinstance(u.meta.get("val"), torch.Tensor) for u in n.users)
+        if n.op == "call_function" and op_name(n.target) == ATTENTION_OP and read and not (upstream([n]) & grads):
+            region = regions[n.args[-1]]
+            out.append((n, by_name[region.out], region))
     return out
 
 
