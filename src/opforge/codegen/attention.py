@@ -358,11 +358,12 @@ def _positive(a) -> bool:
     return isinstance(a, (int, float)) and a > 0
 
 
-def absorbed(gm: torch.fx.GraphModule) -> set[str]:
-    """Names of the nodes `fuse_attention` would replace: values that exist only inside an attention kernel."""
+def regions_of(gm: torch.fx.GraphModule) -> list[Region]:
+    """The regions `fuse_attention` finds in `gm`, found in a copy: `gm` stays as it is. Their nodes carry the
+    names of `gm`'s nodes (values that exist only inside an attention kernel)."""
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
-    return {n.name for region in fuse_attention(torch.fx.GraphModule(gm, g)) for n in region.nodes}
+    return fuse_attention(torch.fx.GraphModule(gm, g))
 
 
 def fuse_attention(gm: torch.fx.GraphModule) -> list[Region]:

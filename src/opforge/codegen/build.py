@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from opforge.codegen.attention import absorbed
+from opforge.codegen.attention import regions_of
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
 from opforge.codegen.gemm import SAVED_LIBRARY, StagedPlan, has_products, operands, plan_staged
 from opforge.codegen.ops import op_name
@@ -220,12 +220,13 @@ def _save_stats(req: Request, build: Build) -> None:
 def _save_products(req: Request, build: Build) -> None:
     """Plan the pair again with the forward's matrix products handed to the backward (codegen/saved.py)."""
     t = build.traced
-    inside = absorbed(t.forward)  # a product inside an attention kernel is never in memory to save
-    pairs = [(b, f) for b, f in forward_products(t.forward, t.backward_graph, len(t.input_names),
-                                                 len(t.output_names))
-             if f.name not in inside]
-    attentions = forward_attentions(t.forward, t.backward_graph, len(t.input_names), len(t.output_names))
-    pairs += [(b, f) for b, f, _ in attentions]
+    regions = regions_of(t.forward)
+    inside = {n.name for r in regions for n in r.nodes}  # a product inside an attention kernel is never in memory
+    products = [(b, f) for b, f in forward_products(t.forward, t.backward_graph, len(t.input_names),
+                                                    len(t.output_names))
+                if f.name not in inside]
+    attentions = forward_attentions(t.forward, regions, t.backward_graph, len(t.input_names), len(t.output_names))
+    pairs = products + [(b, f) for b, f, _ in attentions]
     if not pairs:
         return
     names = [f"saved_{f.name}" for _, f in pairs]
@@ -240,8 +241,8 @@ def _save_products(req: Request, build: Build) -> None:
         moved += sum(numel(x) * (eb if x.op == "placeholder" else 4) for x in (region.q, region.k, region.v))
     saved = set(fwd2.results[len(t.output_names):])
     flops += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in fwd2.attentions if st.node in saved)
-    for _, f in pairs[:len(pairs) - len(attentions)]:
-        a, b = operands(f)  # what recomputing would read (an input in the op's dtype, a value between stages float32)
+    for _, f in products:  # what recomputing would read (an input in the op's dtype, a value between stages float32)
+        a, b = operands(f)
         moved += sum(numel(x) * (eb if x.op == "placeholder" else 4) for x in (a, b))
         if op_name(f.target) in SAVED_LIBRARY:  # a weight row per output element (input, if transposed)
             flops += 2 * numel(a if f.args[6] else f) * shape_numel(shape_exprs(b.meta["val"])[1:], subs)

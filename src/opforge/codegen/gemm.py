@@ -302,7 +302,7 @@ def _concatenations(gm) -> None:
     """A sum of slice_backwards whose ranges tile one dimension (a split's gradient: each piece's gradient
     placed in zeros, added up) is the concatenation of the pieces' gradients: rewritten as aten.cat where the
     pieces are in memory (views of a stage's results), so the launcher copies each once."""
-    graph = gm.graph
+    graph, env = gm.graph, shape_env_of(gm)
     for n in list(graph.nodes):
         if n.op != "call_function" or n.target != torch.ops.aten.add.Tensor or not n.users:
             continue
@@ -319,7 +319,6 @@ def _concatenations(gm) -> None:
         if not all(isinstance(x, torch.fx.Node) and x.target == torch.ops.aten.slice_backward.default
                    for x in leaves):
             continue
-        env = shape_env_of(gm)
         pieces = sorted(((_size_expr(x.args[3], env), x) for x in leaves), key=lambda t: hint(t[0], env) or 0)
         sizes, dim = list(pieces[0][1].args[1]), pieces[0][1].args[2]
         size = expr_of(n.meta["val"].shape[dim], env)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from opforge.codegen.attention import fuse_attention
 from opforge.codegen.attention_grad import ATTENTION_OP
 from opforge.codegen.gemm import PRODUCTS, SAVED_LIBRARY
 from opforge.codegen.ops import op_name, upstream
@@ -92,8 +91,7 @@ def forward_products(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tu
     find its gradients (the joint graph's outputs after the forward's `n_outputs`)."""
     kept = PRODUCTS | SAVED_LIBRARY
     fwd_keys = {k: n for n, k in _keys(fwd_gm, n_inputs).items() if op_name(n.target) in kept}
-    grads = set([n for n in joint_gm.graph.nodes if n.op == "placeholder"][n_inputs:])
-    needed = upstream(joint_gm.graph.find_nodes(op="output")[0].args[0][n_outputs:])
+    needed, grads = _backward_reach(joint_gm, n_inputs, n_outputs)
     out = []
     for n, k in _keys(joint_gm, n_inputs).items():
         recomputed = op_name(n.target) in kept and n in needed and not (upstream([n]) & grads)
@@ -103,17 +101,13 @@ def forward_products(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tu
     return out
 
 
-def forward_attentions(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
+def forward_attentions(fwd_gm, regions: list, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
     """(backward node, forward node, region) for each attention whose output the backward computes again (an
     output projection's weight gradient reads it): the joint's `opforge::attention` node, and the forward's
-    product with V that the region replaces there. The joint numbers its regions in the order
-    `fuse_attention` finds them in the forward graph."""
-    g = torch.fx.Graph()
-    g.output(g.graph_copy(fwd_gm.graph, {}))
-    regions = fuse_attention(torch.fx.GraphModule(fwd_gm, g))
+    product with V that the region replaces there. `regions` are the forward's (attention.regions_of), in the
+    order the joint numbers them."""
     by_name = {n.name: n for n in fwd_gm.graph.nodes}
-    grads = set([n for n in joint_gm.graph.nodes if n.op == "placeholder"][n_inputs:])
-    needed = upstream(joint_gm.graph.find_nodes(op="output")[0].args[0][n_outputs:])
+    needed, grads = _backward_reach(joint_gm, n_inputs, n_outputs)
     out = []
     for n in joint_gm.graph.nodes:
         # a size read off it is read off the inputs: the output itself must be read
@@ -122,6 +116,13 @@ def forward_attentions(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[
             region = regions[n.args[-1]]
             out.append((n, by_name[region.out], region))
     return out
+
+
+def _backward_reach(joint_gm, n_inputs: int, n_outputs: int) -> tuple[set, set]:
+    """What the joint's gradient outputs (those after the forward's `n_outputs`) depend on, and the upstream
+    gradients among its inputs: a node needed and independent of them is the forward computed again."""
+    grads = set([n for n in joint_gm.graph.nodes if n.op == "placeholder"][n_inputs:])
+    return upstream(joint_gm.graph.find_nodes(op="output")[0].args[0][n_outputs:]), grads
 
 
 def add_outputs(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
