@@ -173,8 +173,28 @@ def test_a_learned_bias_takes_its_gradient_in_a_kernel_that_sums_the_batches_and
                     body, {"B": 2, "H": 3, "S": 40, "D": 16}, backward=True)
     req, build, impl = _impl(path, tmp_path)
     (st,) = build.backward.attentions
-    assert not build.backward.gemms and st.dbias and st.launches == 3
+    assert not build.backward.gemms and st.dbias and st.launches == 4
     _check_backward(req, impl, {"B": 2, "H": 3, "S": 37, "D": 16}, dtype, 37)
+
+
+@pytest.mark.parametrize("name, bias, dtype", [("slopes", ["H"], torch.float32), ("slopes", ["H"], torch.bfloat16),
+                                               ("keys", ["B", 1, 1, "S"], torch.float32)])
+def test_a_learned_bias_broadcast_along_the_queries_or_keys_sums_its_gradient_tile_by_tile(
+        tmp_path, name, bias, dtype):
+    # ALiBi with learned slopes (one value per head: summed over queries and keys too), a learned bias per key
+    # (summed over the queries and heads): each tile's share goes to a slot of its own, then the slots are added
+    causal = "s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), -float('inf'))\n"
+    body = ("pos = torch.arange(q.shape[2], device=q.device)\n"
+            "s = q @ k.transpose(-1, -2) * 0.125 + slopes[:, None, None] * (pos[None, :] - pos[:, None])\n" + causal
+            if name == "slopes" else "s = q @ k.transpose(-1, -2) * 0.125 + keys\n") + \
+        "return torch.softmax(s, dim=-1) @ v"
+    inputs = {"q": ["B", "H", "S", "D"], "k": ["B", "H", "S", "D"], "v": ["B", "H", "S", "D"], name: bias}
+    path = _request(tmp_path, f"broadcast_{name}_{str(dtype)[6:]}", inputs, body, {"B": 2, "H": 4, "S": 64, "D": 32},
+                    backward=True)
+    req, build, impl = _impl(path, tmp_path)
+    (st,) = build.backward.attentions
+    assert not build.backward.gemms and st.dbias and st.launches == 4
+    _check_backward(req, impl, {"B": 2, "H": 3, "S": 70, "D": 24}, dtype, 70)
 
 
 def test_two_learned_biases_keep_the_backward_as_products_and_glue(tmp_path):
@@ -256,10 +276,10 @@ def test_the_attention_kernels_compile_for_sm90_on_the_tensor_cores_without_spil
                        cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     builds = [b for op in json.loads(r.stdout)["ops"] for b in op["builds"]]
-    # per dtype: the forward; in the backward dQ, dK/dV, the bias's and the sinks' gradients
-    assert len(builds) == 2 * 5, [(b["dtype"], b["kernel"]) for b in builds]
+    # per dtype: the forward; in the backward dQ, dK/dV, the bias's gradient (tiles, then their sum) and the sinks'
+    assert len(builds) == 2 * 6, [(b["dtype"], b["kernel"]) for b in builds]
     for b in builds:  # float32 multiplies in IEEE float32 (its tolerance), 16-bit dtypes on the tensor cores
-        products = not b["kernel"].endswith("_dsinks_kernel")
+        products = not b["kernel"].endswith(("_dsinks_kernel", "_dbias_sum_kernel"))
         assert b["spill_bytes"] == 0 and (b["wgmma"] > 0) == (products and b["dtype"] != "float32"), b
 
 

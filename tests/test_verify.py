@@ -224,3 +224,35 @@ def test_where_float64_is_nan_but_the_float32_path_is_not_the_kernel_may_follow_
     assert parted.tolist() == [True, True, False, False] and not overflow.any()
     # the float32 path where the kernel follows it; an inf that neither path has stays held to float64's NaN
     assert truth[0] == 0.5 and truth[1].isnan() and truth[2].isnan() and truth[3] == float("-inf")
+
+
+def test_a_rounded_product_may_land_on_either_side_of_a_step_its_float64_argument_nearly_touches():
+    from opforge.verify.steps import shifted_runs, step_rel, step_truth
+
+    g = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((256, 512), (64, 512)))
+    scale = 0.05
+
+    def quantized(y):
+        return torch.round(y / scale) * scale
+
+    t64 = quantized(x @ w.t())
+    # float32 with K summed in two halves, as a tiled kernel may: a few arguments cross a step
+    xf, wf = x.float(), w.float()
+    actual = quantized(xf[:, :256] @ wf[:, :256].t() + xf[:, 256:] @ wf[:, 256:].t())
+    crossed = (actual.double() - t64).abs() > scale / 2
+    assert 0 < int(crossed.sum()) < 100
+    runs = shifted_runs(lambda: {"out": quantized(x @ w.t())}, step_rel(512))
+    truth, moved = step_truth(actual, t64, [r["out"] for r in runs])
+    assert moved == int(crossed.sum())
+    assert (actual.double() - truth).abs().max() < 1e-4  # float32 rounding of the steps alone
+    # a step taken where the argument is far from one is still an error
+    arg = (x @ w.t()) / scale
+    far = ((arg - arg.round()).abs() < 0.3) & ~crossed
+    i, j = far.nonzero()[0].tolist()
+    wrong = actual.clone()
+    wrong[i, j] += scale
+    truth, moved = step_truth(wrong, t64, [r["out"] for r in runs])
+    assert moved == int(crossed.sum()) and abs(float(wrong[i, j]) - float(truth[i, j])) > scale / 2
+    # a reference that rounds nothing is run once, as it is
+    assert shifted_runs(lambda: {"out": x * 2}, step_rel(512)) is None

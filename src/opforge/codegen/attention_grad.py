@@ -11,10 +11,11 @@ nodes, which the staged planner runs as FlashAttention-2 kernels (codegen/emit_a
     dV = Pᵀ·dO,   dS = P ∘ (dO·Vᵀ − Δ)
     dscores = dS ∘ score′,   dQ = dscores·K,   dK = dscoresᵀ·Q
     d(sink) = −Σ exp(sink − lse)·Δ      a sink's column is sliced off, so its own dP is 0
-    d(bias) = Σ dS ∘ ∂score/∂bias       over the batches (heads) a broadcast bias serves: a kernel of its own
+    d(bias) = Σ dS ∘ ∂score/∂bias       over what a broadcast bias serves (batches, heads, queries, keys):
+                                        a kernel of its own
 
 The score body's derivative is taken rule by rule (SCORE_VJP); a body with an op outside the rules, or more
-than one side input (a bias) that needs a gradient, or one that is not a whole (query, key) tile, keeps the
+than one side input (a bias) that needs a gradient, or one with more than a value per (query, key), keeps the
 joint as traced: GEMM and glue stages.
 """
 
@@ -150,13 +151,19 @@ def fused_forward(gm: torch.fx.GraphModule, grad_inputs: list[int]) -> tuple[tor
 
 
 def _whole_tile(region, bias) -> bool:
-    """A bias the kernels can differentiate: one value per (query, key) of the scores (a per-head relative
-    bias, or a batch's own), read by ops with rules."""
+    """A bias the kernels can differentiate: read by ops with rules, at most one value per (query, key) of the
+    scores: a per-head relative bias, a batch's own, or one broadcast along the queries or the keys (ALiBi's
+    per-head slopes), whose gradient the kernel sums along them."""
     shape, scores = bias.meta["val"].shape, region.score.graph.find_nodes(op="placeholder")[0].meta["val"].shape
-    if len(shape) < 2 or side_kind(bias) != "tile" or tuple(shape[-2:]) != tuple(scores[-2:]):
+    tail = ((1,) * 2 + tuple(shape))[-2:]
+    if side_kind(bias) != "tile" or any(not _one(n) and n != s for n, s in zip(tail, tuple(scores)[-2:])):
         return False
     placeholder = region.score.graph.find_nodes(op="placeholder")[1 + region.side.index(bias)]
     return differentiable(region.score, placeholder)
+
+
+def _one(n) -> bool:
+    return isinstance(n, int) and n == 1
 
 
 def _upstream(n) -> set:
@@ -225,8 +232,9 @@ class AttentionBackwardStage(AttentionStage):
 
     @property
     def launches(self) -> int:
-        """dQ over query blocks (with lse and Δ), dK and dV over key blocks, the sinks' sums, the bias's tiles."""
-        return 2 + bool(self.dsinks) + bool(self.dbias)
+        """dQ over query blocks (with lse and Δ), dK and dV over key blocks, the sinks' sums, the bias's tiles
+        and the sum of their slots."""
+        return 2 + bool(self.dsinks) + 2 * bool(self.dbias)
 
     def flops(self, numel) -> int:
         """Q·Kᵀ and dO·Vᵀ in three walks, then Pᵀ·dO, dscoresᵀ·Q and dscores·K: 18·D per (query, key) pair the

@@ -156,7 +156,7 @@ def score_grad_statements(st, grad: str, wrt: str | None = None) -> tuple[list[s
         kwargs = {k: (var[v] if isinstance(v, torch.fx.Node) else _literal(v)) for k, v in n.kwargs.items()
                   if k == "alpha"}
         for a, d in zip(n.args, SCORE_VJP[key](rendered, var[n], g, **kwargs)):
-            if d is None or a not in flows:
+            if d is None or not isinstance(a, torch.fx.Node) or a not in flows:
                 continue
             if not d.isidentifier():  # else the gradient passes as it is (an add's)
                 name = fresh(f"d_{a.name}" if a is not scores else stem)
@@ -435,23 +435,26 @@ def emit_attention_backward_kernels(op: str, st) -> str:
 
 def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: list[str], queries, keys,
                   probabilities) -> str:
-    """d(bias) on one (query, key) tile of the bias, summed in order over the batches and heads it serves: the
-    program walks them, recomputing P and dS, so that no two programs write one element."""
+    """d(bias) on one (query, key) tile, summed in order over the batches and heads the bias serves: the program
+    walks them, recomputing P and dS. A bias broadcast along the queries or keys (ALiBi's per-head slopes) is
+    summed along them too, the tile's share into a slot of its own: no two programs write one element, and the
+    launcher adds the slots in a fixed order."""
     bias_lines, d_bias = score_grad_statements(st, "ds", wrt=st.bias)
-    params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "dbias_ptr"] + ptrs
-    params += ["B", "H", "GROUPS", "SQ", "SK", "D", "DV"] + strides + ["dbias_sb", "dbias_sh", "dbias_sm", "dbias_sn"]
-    params += ["B_SUM", "H_SUM"] + rest + _CONSTEXPRS
+    params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "part_ptr"] + ptrs
+    params += ["B", "H", "GROUPS", "SQ", "SK", "D", "DV"] + strides
+    params += ["part_tm", "part_tn", "part_sb", "part_sh", "part_sm", "part_sn", "B_SUM", "H_SUM"] + rest
+    params += _CONSTEXPRS + ["M_SUM: tl.constexpr", "N_SUM: tl.constexpr"]
     lines = _kernel(f"{prefix}_dbias_kernel", params,
                     f"{st.name}: d {st.bias} on a (query, key) tile, summed over the B_SUM batches and H_SUM heads "
-                    "that read it.")
+                    "that read it (and over the tile's queries with M_SUM, its keys with N_SUM).")
     b = lines.append
-    b("    pid_m, pid_n, own = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)")
+    b("    pid_m, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)")
+    b("    own = tl.program_id(2).to(tl.int64)")
     b("    # the first batch and head summed: the tile's own, or 0 where the bias serves them all")
     b("    own_b, own_h = own // (H // H_SUM) * B_SUM, own % (H // H_SUM) * H_SUM")
-    b("    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)")
-    b("    start = pid_n.to(tl.int64) * BLOCK_N")
+    b("    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    b("    start = pid_n * BLOCK_N")
     b("    cols = start + tl.arange(0, BLOCK_N)")
-    b("    at = own_b * dbias_sb + own_h * dbias_sh + rows[:, None] * dbias_sm + cols[None, :] * dbias_sn")
     b("    rd, rdv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)")
     b("    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
     b("    for b in range(own_b, own_b + B_SUM):")
@@ -463,9 +466,24 @@ def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: li
     lines += probabilities("            ", d_scores=False)
     lines += ["            " + x for x in bias_lines]
     b(f"            acc += {d_bias}")
-    b("    inside = (rows[:, None] < SQ) & (cols[None, :] < SK)")
-    b("    tl.store(dbias_ptr + at, _to_dtype(acc, dbias_ptr.dtype.element_ty), mask=inside)")
-    return "\n".join(lines)
+    b("    if M_SUM:  # one value for all queries: the tile's column sums, as row 0")
+    b("        acc = tl.sum(tl.where(rows[:, None] < SQ, acc, 0.0), 0)[None, :]")
+    b("        rows = tl.zeros((1,), tl.int64)")
+    b("    if N_SUM:  # one value for all keys: the row sums, as column 0")
+    b("        acc = tl.sum(tl.where(cols[None, :] < SK, acc, 0.0), 1)[:, None]")
+    b("        cols = tl.zeros((1,), tl.int64)")
+    b("    # part_tm (part_tn) is 0 unless the tile's queries (keys) are summed: then each tile has its own slot")
+    b("    at = pid_m * part_tm + pid_n * part_tn + own_b * part_sb + own_h * part_sh")
+    b("    at += rows[:, None] * part_sm + cols[None, :] * part_sn")
+    b("    tl.store(part_ptr + at, acc, mask=(rows[:, None] < SQ) & (cols[None, :] < SK))")
+    total = _kernel(f"{prefix}_dbias_sum_kernel", ["part_ptr", "dbias_ptr", "SLOTS", "N", "BLOCK: tl.constexpr"],
+                    f"{st.name}: d {st.bias} as the sum of its SLOTS slots, in order.")
+    total += ["    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+              "    acc = tl.zeros((BLOCK,), tl.float32)",
+              "    for slot in range(0, SLOTS):",
+              "        acc += tl.load(part_ptr + slot * N + at, mask=at < N, other=0.0)",
+              "    tl.store(dbias_ptr + at, _to_dtype(acc, dbias_ptr.dtype.element_ty), mask=at < N)"]
+    return "\n".join(lines) + "\n\n\n" + "\n".join(total)
 
 
 def _launch_prologue(st, tensor_args: list[str], lines: list[str], sinks: bool = True) -> tuple[list[str], list[str]]:
@@ -548,18 +566,23 @@ def _backward_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs:
           common + ["d4[1]", "d4[2]"] + ptrs + _QKV + [f"*{st.grad}.stride()", "*d4[1].stride()", "*d4[2].stride()"]
           + rest, _BLOCKS)
     if st.dbias:
-        b("    if B * H == 0:  # no batch or head reads the bias: its gradient is zeros")
-        b(f"        {st.dbias} = torch.zeros({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
-        b("    else:")
-        b(f"        {st.dbias} = torch.empty({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
-        b(f"    {st.dbias}_v = {st.dbias}.expand(B, H, SQ, SK)")
-        b("    # a bias broadcast over the batches (heads) sums their gradients: stride 0 there")
-        b(f"    b_sum = max(B, 1) if {st.bias}_v.stride(0) == 0 else 1")
-        b(f"    h_sum = max(H, 1) if {st.bias}_v.stride(1) == 0 else 1")
+        b("    # the bias right-aligned to (B, H, SQ, SK): a dimension of size 1 sums the gradients it serves")
+        b(f"    shape4 = (1,) * (4 - {st.bias}.dim()) + tuple({st.bias}.shape)")
+        b("    b_sum, h_sum = (max(B, 1) if shape4[0] == 1 else 1), (max(H, 1) if shape4[1] == 1 else 1)")
+        b("    m_sum, n_sum = shape4[2] == 1, shape4[3] == 1")
         b("    grid = (triton.cdiv(SQ, block_m), triton.cdiv(SK, block_n), B // b_sum * (H // h_sum))")
+        b("    # float32 slots: one per tile along a summed query (key) dimension, else one for all tiles")
+        b("    part = torch.zeros((grid[0] if m_sum else 1, grid[1] if n_sum else 1) + shape4,")
+        b("                       device=q4.device, dtype=torch.float32)")
+        b("    part_v = part.expand(part.shape[:2] + (B, H, 1 if m_sum else SQ, 1 if n_sum else SK))")
+        b("    part_tm, part_tn = (part_v.stride(0) if m_sum else 0), (part_v.stride(1) if n_sum else 0)")
         _call(lines, f"{prefix}_dbias_kernel", "grid",
-              common + [f"{st.dbias}_v"] + ptrs + ["B"] + _QKV + [f"*{st.grad}.stride()", f"*{st.dbias}_v.stride()",
-                                                               "b_sum", "h_sum"] + rest, _BLOCKS)
+              common + ["part"] + ptrs + ["B"] + _QKV + [f"*{st.grad}.stride()", "part_tm", "part_tn",
+                                                          "*part_v.stride()[2:]", "b_sum", "h_sum"] + rest,
+              _BLOCKS + ", M_SUM=m_sum, N_SUM=n_sum")
+        b(f"    {st.dbias} = torch.empty({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
+        b(f"    {prefix}_dbias_sum_kernel[(triton.cdiv({st.dbias}.numel(), 1024),)](")
+        b(f"        part, {st.dbias}, part.shape[0] * part.shape[1], {st.dbias}.numel(), BLOCK=1024)")
     if st.sinks:
         _call(lines, f"{prefix}_dsinks_kernel", "(H,)",
               [st.sinks, "lse", "delta", st.dsinks, "B", "H", "SQ", f"{st.sinks}.stride(0)", f"{st.dsinks}.stride(0)"],

@@ -38,6 +38,7 @@ import torch
 from opforge.request import dim_size
 from opforge.verify.inputs import edge_values, fresh_seed, make_tensor, with_edges
 from opforge.verify.metrics import compare, ulp_distance
+from opforge.verify.steps import shifted_runs, step_rel, step_truth
 from opforge.verify.tolerance import Tolerance, parse_dtype, tolerance_for
 
 RECORD_ENV = "OPFORGE_PRECISION_RECORD"  # a JSONL file that every checked case is appended to
@@ -231,6 +232,10 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
 
     named_inputs = dict(zip(names, tensors))
     n_elements = max((t.numel() for t in tensors), default=0)
+    inexact = [n for n in produced if n not in spec.get("exact_outputs", [])]
+    reduced = max((reduced_elems(n, spec, case["binding"], n_elements) for n in inexact), default=1)
+    steps = shifted_runs(lambda: _truth64(golden, tensors, g_outs, attrs, grad_inputs),
+                         step_rel(reduced)) if inexact else None
     results = []
     for name, actual in produced.items():
         t64, t32 = wanted[name]
@@ -247,8 +252,10 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
             # out lucky, so the model's own size is admitted too (it is 0 for outputs that reduce nothing)
             walk = 2.0 * math.sqrt(k) * torch.finfo(torch.float32).eps * _finite_max_abs(t64) if k > 1 else 0.0
             tol = Tolerance(base.atol + 4.0 * ref_err + 10.0 * spread.get(name, 0.0) + walk, base.rtol)
-            truth, overflow, parted = overflow_truth(actual, t64, t32)
+            truth, stepped = step_truth(actual, t64, [run[name] for run in steps]) if steps else (t64, 0)
+            truth, overflow, parted = overflow_truth(actual, truth, t32)
             res = compare(actual, truth, tol, inputs=named_inputs, name=name)
+            res["rounding_step_positions"] = stepped
             res["float32_overflow_positions"] = int(overflow.sum())
             res["float32_path_positions"] = int(parted.sum())
             res["reference_fp32_error"] = ref_err
@@ -296,6 +303,15 @@ def _golden_paths(golden, tensors, g_outs, attrs, grad_inputs, forward=None) -> 
         g32 = golden.backward(tensors, g_outs, compute_dtype=torch.float32, **attrs)
         paths.update((f"grad_{n}", (gt[k], g32[k])) for k, n in enumerate(grad_inputs))
     return paths
+
+
+def _truth64(golden, tensors, g_outs, attrs, grad_inputs) -> dict:
+    """Every output and gradient of the golden in float64, by name."""
+    out = dict(zip(golden.OUTPUT_NAMES, golden.forward(*tensors, compute_dtype=torch.float64, **attrs)))
+    if g_outs is not None:
+        grads = golden.backward(tensors, g_outs, compute_dtype=torch.float64, **attrs)
+        out.update((f"grad_{n}", g) for n, g in zip(grad_inputs, grads))
+    return out
 
 
 def _eager_paths(golden, tensors, g_outs, attrs, grad_inputs, wanted, dtype) -> dict:
