@@ -283,3 +283,35 @@ def test_catalog_table_for_measured_rows(rms):
     if "backward_derived" in figs:  # only when the fused backward took measurable time
         bwd = next(line for line in md.splitlines() if "backward (derived)" in line)
         assert bwd.count("|") == fwd.count("|")
+
+
+def test_a_products_tile_is_tuned_per_size_beside_the_glue_around_it(tmp_path):
+    # linear_gelu: the product's launch reads a ("gemm", M, N, K) entry of the size table, the glue's row launches
+    # theirs; a search sets and writes each key only the knobs its launches read
+    req = load_request(EXAMPLES / "linear_gelu")
+    path = tmp_path / "linear_gelu_impl.py"
+    path.write_text(generate_impl(req, plan_request(req)))
+    impl = load_module(path, "bench_linear_gelu_impl")
+    shapes = {"x": (20, 24), "weight": (40, 24), "bias": (40,)}
+    x, weight, bias = (make_tensor(shapes[s.name], torch.float32, seed=k) for k, s in enumerate(req.inputs))
+    want = torch.nn.functional.gelu(x @ weight.t() + bias, approximate="tanh")
+    keys = launch_keys(impl, lambda: impl.linear_gelu(x, weight, bias))
+    gemm = ("gemm", 32, 64, 32)  # M, N, K rounded up to powers of two
+    assert gemm in keys
+    start = current_config(impl, keys)
+    assert start["GEMM_BLOCK_M"] == impl.GEMM_BLOCK_M and "TILE" not in start  # no row launch reads a tile
+    assert any(n["GEMM_NUM_STAGES"] != start["GEMM_NUM_STAGES"] for n in neighbours(start))
+    try:
+        apply_config(impl, {**start, "GEMM_BLOCK_M": 32, "GEMM_BLOCK_K": 16}, keys)
+        assert impl.TUNED[gemm] == {"GEMM_BLOCK_M": 32, "GEMM_BLOCK_K": 16}
+        assert all("GEMM_BLOCK_M" not in impl.TUNED[k] for k in keys if k != gemm)
+        assert impl._gemm_knobs(20, 40, 24)["GEMM_BLOCK_M"] == 32 and impl._gemm_knobs(200, 40, 24)[
+            "GEMM_BLOCK_M"] == impl.GEMM_BLOCK_M  # another size runs the defaults
+        torch.testing.assert_close(impl.linear_gelu(x, weight, bias), want, rtol=1e-5, atol=1e-5)  # 2 row tiles now
+        assert current_config(impl, keys)["GEMM_BLOCK_K"] == 16
+        # written beside row keys, the table stays readable (keys of two kinds sort by their text)
+        assert write_tuned(path, {gemm: impl.TUNED[gemm], (32, 64): {"TILE": 256}}) == [str(gemm), "(32, 64)"]
+        table = ast.literal_eval(path.read_text().split("TUNED: dict[tuple, dict] = ", 1)[1].split("\n}\n")[0] + "}")
+        assert table[gemm] == {"GEMM_BLOCK_M": 32, "GEMM_BLOCK_K": 16}
+    finally:
+        impl.TUNED = {}

@@ -33,12 +33,27 @@ SPACE = {
     "NUM_STAGES": [None, 1, 2, 3],
     "ORDERED_PARTIALS": [False, True],
     "MAX_PROGRAMS": [512, 1024, 2048, 4096, 8192],
+    # a product's tile, its programs' order (GROUP_M tile rows share B's columns in L2) and its K loop's pipeline
+    "GEMM_BLOCK_M": [32, 64, 128, 256],
+    "GEMM_BLOCK_N": [32, 64, 128, 256],
+    "GEMM_BLOCK_K": [16, 32, 64, 128],
+    "GEMM_GROUP_M": [1, 4, 8, 16],
+    "GEMM_NUM_WARPS": [4, 8],
+    "GEMM_NUM_STAGES": [2, 3, 4, 5],
 }
+GEMM_KNOBS = ("GEMM_BLOCK_M", "GEMM_BLOCK_N", "GEMM_BLOCK_K", "GEMM_GROUP_M", "GEMM_NUM_WARPS", "GEMM_NUM_STAGES")
 # module constants
-PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT")
-# What the launches of one kind read, by the length of their TUNED key: (rows, columns) or (elements,).
+PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT",
+               *GEMM_KNOBS)
+# What the launches of one kind read, by their TUNED key: (rows, columns), (elements,) or ("gemm", M, N, K).
 READ_BY = {2: {"TILE", "MAX_BLOCK_C", "ROW_NUM_WARPS", "NUM_STAGES", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT"},
-           1: {"BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS"}}
+           1: {"BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS"},
+           "gemm": set(GEMM_KNOBS)}
+
+
+def read_by(key: tuple) -> set:
+    """The knobs the launches at a TUNED key read."""
+    return READ_BY[key[0] if key and isinstance(key[0], str) else len(key)]
 
 
 class _KeysSeen(dict):
@@ -69,27 +84,30 @@ def launch_keys(module, call: Callable[[], object]) -> list[tuple]:
 
 
 def current_config(module, keys: list[tuple] = ()) -> dict:
-    """The knobs the launches at `keys` run with: the module's values, and what TUNED holds for the first key."""
+    """The knobs the launches at `keys` run with: the module's values, and what TUNED holds for those sizes."""
     cfg = {k: getattr(module, k) for k in PLAIN_KNOBS if hasattr(module, k)}
     if not keys:
         return cfg
-    read = set().union(*(READ_BY[len(k)] for k in keys))
+    read = set().union(*(read_by(k) for k in keys))
     cfg.update(ROW_NUM_WARPS=None, NUM_STAGES=None)  # None: `_row_launch`'s warps by tile, Triton's stages
     cfg = {k: v for k, v in cfg.items() if k in read}  # a knob no launch of the call reads is not searched
-    cfg.update({k: v for k, v in module.TUNED.get(keys[0], {}).items() if k in cfg})
+    for key in reversed(keys):  # the first key that holds a knob gives its value
+        cfg.update({k: v for k, v in module.TUNED.get(key, {}).items() if k in cfg and k in read_by(key)})
     return cfg
 
 
-def tuned_entry(module, cfg: dict) -> dict:
-    """The knobs of `cfg` that differ from the module's values: a TUNED entry."""
-    return {k: v for k, v in cfg.items() if v is not None and v != getattr(module, k, None)}
+def tuned_entry(module, cfg: dict, key: tuple | None = None) -> dict:
+    """The knobs of `cfg` that differ from the module's values (of those the launches at `key` read): a TUNED
+    entry."""
+    read = read_by(key) if key is not None else cfg
+    return {k: v for k, v in cfg.items() if v is not None and v != getattr(module, k, None) and k in read}
 
 
 def apply_config(module, cfg: dict, keys: list[tuple] = ()) -> None:
     """Set the knobs on the loaded module; launches read them at call time. With `keys`, only the launches at
     those sizes change (their TUNED entries); the module's values, which every other size runs, stay."""
     if keys:
-        module.TUNED = {**module.TUNED, **{key: tuned_entry(module, cfg) for key in keys}}
+        module.TUNED = {**module.TUNED, **{key: tuned_entry(module, cfg, key) for key in keys}}
         return
     for k in PLAIN_KNOBS:
         if k in cfg:
@@ -220,7 +238,7 @@ def write_tuned(impl_path: Path, entries: dict[tuple, dict]) -> list[str]:
             table.pop(key, None)
     if not changed:
         return []
-    body = "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(table.items()))
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(table.items(), key=lambda kv: repr(kv[0])))
     lines[start:end + 1] = [f"{_TABLE}\n{body}}}\n" if table else f"{_TABLE}}}\n"]
     write_text_atomic(impl_path, "".join(lines))
     return changed

@@ -38,8 +38,16 @@ def _dot_operand(x, DOT_DTYPE: tl.constexpr):
     return x
 
 
-def _gemm_launch() -> dict:
-    return {} if INTERPRET else {"num_warps": GEMM_NUM_WARPS, "num_stages": GEMM_NUM_STAGES,
+def _gemm_knobs(M: int, N: int, K: int) -> dict:
+    # stage 7's per-size table (TUNED) is keyed ("gemm", M, N, K), the sizes rounded up to powers of two
+    key = ("gemm",) + tuple(triton.next_power_of_2(max(s, 1)) for s in (M, N, K))
+    return {"GEMM_BLOCK_M": GEMM_BLOCK_M, "GEMM_BLOCK_N": GEMM_BLOCK_N, "GEMM_BLOCK_K": GEMM_BLOCK_K,
+            "GEMM_GROUP_M": GEMM_GROUP_M, "GEMM_NUM_WARPS": GEMM_NUM_WARPS, "GEMM_NUM_STAGES": GEMM_NUM_STAGES,
+            **TUNED.get(key, {})}
+
+
+def _gemm_launch(knobs: dict) -> dict:
+    return {} if INTERPRET else {"num_warps": knobs["GEMM_NUM_WARPS"], "num_stages": knobs["GEMM_NUM_STAGES"],
                                  "enable_fp_fusion": False}
 """
 
@@ -255,7 +263,8 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     else:
         b(f"    dot = _DOT_DTYPE[{dtypes[0]}] if {dtypes[0]} == {dtypes[1]} else tl.float32")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
-    b("    grid = (triton.cdiv(M, GEMM_BLOCK_M) * triton.cdiv(N, GEMM_BLOCK_N), batch)")
+    b("    knobs = _gemm_knobs(M, N, K)  # tuned for these sizes, or the defaults")
+    b("    grid = (triton.cdiv(M, knobs[\"GEMM_BLOCK_M\"]) * triton.cdiv(N, knobs[\"GEMM_BLOCK_N\"]), batch)")
     views = {t: f"{t}_v" for t in st.tiles_in}
     tiles = st.tiles_in + st.writes
     args = operands + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
@@ -266,7 +275,7 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     args += st.attrs
     b(f"    {gemm_kernel_name(op, st)}[grid](")
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
-    b("        BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, GROUP_M=GEMM_GROUP_M, DOT_DTYPE=dot,")
-    b("        PRECISION=precision, **_gemm_launch())")
+    b("        BLOCK_M=knobs[\"GEMM_BLOCK_M\"], BLOCK_N=knobs[\"GEMM_BLOCK_N\"], BLOCK_K=knobs[\"GEMM_BLOCK_K\"],")
+    b("        GROUP_M=knobs[\"GEMM_GROUP_M\"], DOT_DTYPE=dot, PRECISION=precision, **_gemm_launch(knobs))")
     b(f"    return {', '.join(st.writes)}{',' if len(st.writes) == 1 else ''}")
     return "\n".join(lines) + "\n"

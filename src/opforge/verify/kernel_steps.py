@@ -95,9 +95,11 @@ def _positions(loc: dict):
     """(row index, column index) arrays of this program's block, and the grid they index: a row kernel's
     (n_rows, n_cols), or a flat kernel's single row of n_elements."""
     if "rows" in loc and "cols" in loc:
+        if "n_rows" not in loc or "n_cols" not in loc:  # an attention kernel's (query, key) tile: not a node grid
+            return None
         return _data(loc["rows"]), _data(loc["cols"]), _int(loc["n_cols"]), _int(loc["n_rows"])
     offs = _data(loc.get("offs"))
-    if offs is None:
+    if offs is None or "n_elements" not in loc:
         return None
     return np.zeros((1, 1), dtype=np.int64), offs.reshape(1, -1), _int(loc["n_elements"]), 1
 

@@ -78,7 +78,7 @@ def tune(ws, req, spec: dict, impl, golden, binding: dict, case, eager_ms: float
     if not written:
         result["written"] = []
     elif keys:
-        result["written"] = write_tuned(path, {k: tuned_entry(impl, result["best"]) for k in keys})
+        result["written"] = write_tuned(path, {k: tuned_entry(impl, result["best"], k) for k in keys})
     else:  # an impl without a per-size table: its module values, for every size
         result["written"] = write_back(path, result["best"])
     return result
