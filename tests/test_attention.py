@@ -412,3 +412,18 @@ def test_queries_keys_and_values_sliced_from_one_projection_are_read_in_place(tm
     _check(req, impl, {"B": 2, "S": 37, "D": 8}, torch.float32, 37)
     # dx goes through three reductions in a row (dO·w_o over E, dP over the keys, dQKV·w_qkv over 3E)
     _check_backward(req, impl, {"B": 2, "S": 37, "D": 8}, torch.float32, 37 * 3 * 32)
+
+
+def test_grouped_heads_by_repeat_interleave_in_einsums_scaled_by_math_sqrt_of_the_head_dim(tmp_path):
+    # math.sqrt of a size stays size arithmetic in the trace (it would fix D at the probe size otherwise)
+    body = ("import math\n"
+            "r = q.shape[1] // k.shape[1]\n"
+            "k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)\n"
+            "s = torch.einsum('bhqd,bhkd->bhqk', q, k) / math.sqrt(q.shape[-1])\n"
+            "s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril(), -float('inf'))\n"
+            "return torch.einsum('bhqk,bhkd->bhqd', s.softmax(-1), v)")
+    inputs = {"q": ["B", "G*R", "S", "D"], "k": ["B", "G", "S", "D"], "v": ["B", "G", "S", "D"]}
+    path = _request(tmp_path, "gqa_einsum", inputs, body, {"B": 1, "G": 2, "R": 2, "S": 96, "D": 32})
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.attentions) == 1 and not build.forward.gemms
+    _check(req, impl, {"B": 2, "G": 2, "R": 3, "S": 70, "D": 24}, torch.float32, 70)

@@ -9,6 +9,7 @@ prims that carry no ATen schema, and this two-level form is the numerically safe
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 
 import torch
@@ -62,6 +63,15 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return torch.softmax(scores, dim=-1) @ value
 
 
+_SQRT = math.sqrt
+
+
+def _size_sqrt(x):
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):
+        return torch.sym_float(x) ** 0.5
+    return _SQRT(x)
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
@@ -72,6 +82,16 @@ class SizeSafeFunctionals(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.einsums: list[str] = []  # equations, for stage 2 to name an einsum it cannot fuse
+
+    def __enter__(self):
+        # math.sqrt(q.shape[-1]) would fix the head dimension at the probe size (a SymInt taken as a float): the
+        # trace takes it as size arithmetic instead, a power of 1/2 that the kernels compute from their sizes
+        math.sqrt = _size_sqrt
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        math.sqrt = _SQRT
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

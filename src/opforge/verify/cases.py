@@ -278,12 +278,16 @@ def overflow_truth(actual: torch.Tensor, t64: torch.Tensor,
     Where float32 overflows the kernel may overflow too, to whichever of ±inf and NaN its order of summation
     gives (a product's sum of +inf and -inf terms is NaN in one order, inf where a fused multiply-add absorbs
     the second); a kernel that stays finite there is held to float64 like everywhere else (more robust is not
-    wrong). Where the two paths part on a non-finite float64 value, they ran different implementations (a
+    wrong), unless float64's result lies within float32's range: then an intermediate overflowed (a norm's
+    sum of squares of values near 1e37), and the formula in float32 gives whatever inf arithmetic makes of it
+    (NaN, or 0 where it divides by the inf), which is not judged. Where the two paths part on a non-finite
+    float64 value, they ran different implementations (a
     library convolution skips the zero padding that the float64 path multiplies by a NaN weight): a kernel
     that follows the float32 path there is held to it."""
     a = actual.detach().cpu().double()
     overflow = ~torch.isfinite(t32) & torch.isfinite(t64)
-    truth = torch.where(overflow & ~torch.isfinite(a), a, t64)
+    within = t64.abs() <= torch.finfo(torch.float32).max
+    truth = torch.where(overflow & (~torch.isfinite(a) | within), a, t64)
     t32 = t32.double()
 
     def kind(t):  # 0 finite, 1 +inf, 2 -inf, 3 NaN
