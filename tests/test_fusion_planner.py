@@ -244,3 +244,12 @@ def test_relu_passes_nan_and_negative_zero_and_takes_minus_infinity_to_zero_as_t
     x = torch.tensor([float("-inf"), float("nan"), -0.0, 0.0, -1.5, 2.0, float("inf"), -3e38])
     got, want = impl.relu_edges(x), torch.relu(x)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit, the sign of zero too
+
+
+def test_a_power_of_zero_is_one_at_inf_and_nan_too(tmp_path):
+    # x ** 0 written as x · 0 + 1 would be NaN there; torch gives 1 for every base
+    req = load_request(write_request(tmp_path, "pow_zero", {"x": [["N"], True]}, {}, "return x.pow(0) + x.pow(2)",
+                                     [{"N": 8}]))
+    impl = load_impl(tmp_path / "pow_zero_impl.py", generate_impl(req, plan_request(req)))
+    x = torch.tensor([float("-inf"), float("nan"), -0.0, 0.0, -1.5, 2.0, float("inf"), -3e38])
+    torch.testing.assert_close(impl.pow_zero(x), x.pow(0) + x.pow(2), equal_nan=True)

@@ -83,8 +83,10 @@ def _pow(a, e, **_):
         return f"tl.exp2(tl.log2({a}) * {e})"
     if v == 1:
         return a
-    if v == int(v) and 0 <= v <= 4:  # small integer powers as products: exact signs, no log of negatives
-        return "(" + " * ".join([a] * int(v)) + ")" if v else f"({a} * 0.0 + 1.0)"
+    if v == 0:  # 1 everywhere, inf and NaN included, as torch gives: shaped like the base, not computed from it
+        return f"tl.where({a} == {a}, 1.0, 1.0)"
+    if v == int(v) and 0 < v <= 4:  # small integer powers as products: exact signs, no log of negatives
+        return "(" + " * ".join([a] * int(v)) + ")"
     if v == -1:
         return f"1.0 / {a}"
     if v == 0.5:
