@@ -315,3 +315,26 @@ def test_a_products_tile_is_tuned_per_size_beside_the_glue_around_it(tmp_path):
         assert table[gemm] == {"GEMM_BLOCK_M": 32, "GEMM_BLOCK_K": 16}
     finally:
         impl.TUNED = {}
+
+
+def test_an_attentions_blocks_are_tuned_per_size(tmp_path):
+    # attention_sink: its forward launch reads an ("attention", SQ, SK, D) entry; 48 queries in blocks of 32
+    # are two programs per head instead of one, and the result does not move
+    req = load_request(EXAMPLES / "attention_sink")
+    path = tmp_path / "attention_sink_impl.py"
+    path.write_text(generate_impl(req, plan_request(req)))
+    impl = load_module(path, "bench_attention_sink_impl")
+    shapes = {"q": (1, 4, 48, 16), "k": (1, 2, 48, 16), "v": (1, 2, 48, 16), "sinks": (4,)}
+    ins = [make_tensor(shapes[s.name], torch.float32, seed=k) for k, s in enumerate(req.inputs)]
+    want = impl.attention_sink(*ins)
+    keys = launch_keys(impl, lambda: impl.attention_sink(*ins))
+    key = ("attention", 64, 64, 16)
+    assert keys == [key]
+    start = current_config(impl, keys)
+    assert set(start) == {"ATTN_BLOCK_M", "ATTN_BLOCK_N", "ATTN_NUM_WARPS", "ATTN_NUM_STAGES"}
+    try:
+        apply_config(impl, {**start, "ATTN_BLOCK_M": 32, "ATTN_BLOCK_N": 32}, keys)
+        assert impl.TUNED[key] == {"ATTN_BLOCK_M": 32, "ATTN_BLOCK_N": 32}
+        torch.testing.assert_close(impl.attention_sink(*ins), want, rtol=1e-5, atol=1e-5)
+    finally:
+        impl.TUNED = {}

@@ -40,15 +40,22 @@ SPACE = {
     "GEMM_GROUP_M": [1, 4, 8, 16],
     "GEMM_NUM_WARPS": [4, 8],
     "GEMM_NUM_STAGES": [2, 3, 4, 5],
+    # an attention's queries per program, keys per step of its walk, warps and pipeline depth
+    "ATTN_BLOCK_M": [32, 64, 128],
+    "ATTN_BLOCK_N": [32, 64, 128],
+    "ATTN_NUM_WARPS": [4, 8],
+    "ATTN_NUM_STAGES": [1, 2, 3],
 }
 GEMM_KNOBS = ("GEMM_BLOCK_M", "GEMM_BLOCK_N", "GEMM_BLOCK_K", "GEMM_GROUP_M", "GEMM_NUM_WARPS", "GEMM_NUM_STAGES")
+ATTN_KNOBS = ("ATTN_BLOCK_M", "ATTN_BLOCK_N", "ATTN_NUM_WARPS", "ATTN_NUM_STAGES")
 # module constants
 PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT",
-               *GEMM_KNOBS)
-# What the launches of one kind read, by their TUNED key: (rows, columns), (elements,) or ("gemm", M, N, K).
+               *GEMM_KNOBS, *ATTN_KNOBS)
+# What the launches of one kind read, by their TUNED key: (rows, columns), (elements,), ("gemm", M, N, K) or
+# ("attention", SQ, SK, D).
 READ_BY = {2: {"TILE", "MAX_BLOCK_C", "ROW_NUM_WARPS", "NUM_STAGES", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT"},
            1: {"BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS"},
-           "gemm": set(GEMM_KNOBS)}
+           "gemm": set(GEMM_KNOBS), "attention": set(ATTN_KNOBS)}
 
 
 def read_by(key: tuple) -> set:

@@ -72,7 +72,8 @@ NUM_WARPS = {num_warps}
 _LAUNCH = {{}} if INTERPRET else {{"num_warps": NUM_WARPS, "enable_fp_fusion": False}}
 # What stage 7 measured fastest on the device, per launch size, as the knobs that differ from the values
 # above. Keyed by the sizes rounded up to powers of two: (rows, columns) for a row kernel, (elements,) for a
-# flat one, ("gemm", M, N, K) for a product. A size that was not tuned runs the values above.
+# flat one, ("gemm", M, N, K) for a product, ("attention", SQ, SK, D) for an attention. A size that was not
+# tuned runs the values above.
 TUNED: dict[tuple, dict] = {{}}
 
 

@@ -31,8 +31,15 @@ ATTN_NUM_WARPS = 4
 ATTN_NUM_STAGES = 2
 
 
-def _attention_launch() -> dict:
-    return {} if INTERPRET else {"num_warps": ATTN_NUM_WARPS, "num_stages": ATTN_NUM_STAGES,
+def _attention_knobs(SQ: int, SK: int, D: int) -> dict:
+    # stage 7's per-size table (TUNED) is keyed ("attention", SQ, SK, D), rounded up to powers of two
+    key = ("attention",) + tuple(triton.next_power_of_2(max(s, 1)) for s in (SQ, SK, D))
+    return {"ATTN_BLOCK_M": ATTN_BLOCK_M, "ATTN_BLOCK_N": ATTN_BLOCK_N, "ATTN_NUM_WARPS": ATTN_NUM_WARPS,
+            "ATTN_NUM_STAGES": ATTN_NUM_STAGES, **TUNED.get(key, {})}
+
+
+def _attention_launch(knobs: dict) -> dict:
+    return {} if INTERPRET else {"num_warps": knobs["ATTN_NUM_WARPS"], "num_stages": knobs["ATTN_NUM_STAGES"],
                                  "enable_fp_fusion": False}
 
 
@@ -512,7 +519,10 @@ def _launch_prologue(st, tensor_args: list[str], lines: list[str], sinks: bool =
     b("    if max(block_d, block_dv) > 256 and not INTERPRET:  # a (64, 512) tile of Q, K or V per program")
     b(f'        raise ValueError(f"{st.node}: head dimensions {{D}} and {{DV}}: the attention kernel takes up to 256")')
     b("    wide = max(block_d, block_dv) * q4.element_size() > ATTN_ROW_BYTES")
-    b("    block_m, block_n = (ATTN_BLOCK_M // 2, ATTN_BLOCK_N // 2) if wide else (ATTN_BLOCK_M, ATTN_BLOCK_N)")
+    b("    knobs = _attention_knobs(SQ, SK, max(D, DV))  # tuned for these sizes, or the defaults")
+    b("    block_m, block_n = knobs[\"ATTN_BLOCK_M\"], knobs[\"ATTN_BLOCK_N\"]")
+    b("    if wide:")
+    b("        block_m, block_n = block_m // 2, block_n // 2")
     sinks = sinks and bool(st.sinks)
     ptrs = [f"{t}_v" for t in tiles] + scalars + ([st.sinks] if sinks else [])
     rest = [f"*{t}_v.stride()" for t in tiles] + ([f"{st.sinks}.stride(0)"] if sinks else [])
@@ -526,7 +536,7 @@ def _call(lines: list[str], kernel: str, grid: str, args: list[str], tail: str) 
 
 
 _BLOCKS = "BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, DOT_DTYPE=dot,\n" \
-          "        PRECISION=precision, **_attention_launch()"
+          "        PRECISION=precision, **_attention_launch(knobs)"
 _QKV = ["H", "H // max(k4.shape[1], 1)", "SQ", "SK", "D", "DV", "*q4.stride()", "*k4.stride()", "*v4.stride()"]
 
 
