@@ -287,6 +287,9 @@ def fold_reshapes(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+SLICE_TO_END = 2**63 - 1  # the end make_fx writes for `x[a:]`: the slice runs to the dimension's end
+
+
 def split_to_slices(gm: torch.fx.GraphModule) -> None:
     """Each piece of a split (`qkv.split(E, -1)`, `x.chunk(2, -1)`) is a slice of the tensor: planners know
     slices (a launcher view before an attention, columns of a row kernel), not tuples of pieces."""
@@ -300,7 +303,7 @@ def split_to_slices(gm: torch.fx.GraphModule) -> None:
         for i in range(pieces):  # piece i is [starts[i], ends[i]): equal sizes, or the sizes given
             size = sizes if node.target == aten.split.Tensor else sizes[i]
             last = i == pieces - 1 and node.target == aten.split.Tensor  # a split's last piece may be shorter
-            end = 9223372036854775807 if last else size if starts[i] == 0 else _insert(
+            end = SLICE_TO_END if last else size if starts[i] == 0 else _insert(
                 graph, node, operator.add, (starts[i], size))
             ends.append(end)
             starts.append(end)
