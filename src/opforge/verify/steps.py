@@ -40,9 +40,14 @@ def step_rel(reduced: int) -> float:
     return 2.0 * (2.0 * math.sqrt(max(reduced, 1)) + 8.0) * torch.finfo(torch.float32).eps
 
 
-def shifted_runs(run, rel: float) -> list[dict] | None:
+def shifted_runs(run, rel: float, probe=None) -> list[dict] | None:
     """`run()` (the float64 golden: a dict of name -> tensor) with the rounding arguments moved down and up by
-    rel·|x|; None when the reference rounds nothing."""
+    rel·|x|; None when the reference rounds nothing. `probe()`, a cheaper run (the forward alone), asks first."""
+    if probe is not None:
+        with ShiftedSteps(rel) as mode:
+            probe()
+        if not mode.hit:
+            return None
     runs = []
     for sign in (-1.0, 1.0):
         with ShiftedSteps(sign * rel) as mode:
