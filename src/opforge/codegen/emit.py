@@ -77,9 +77,12 @@ _LAUNCH = {{}} if INTERPRET else {{"num_warps": NUM_WARPS, "enable_fp_fusion": F
 TUNED: dict[tuple, dict] = {{}}
 
 
+def _size_key(*sizes: int) -> tuple:
+    return tuple(triton.next_power_of_2(max(s, 1)) for s in sizes)
+
+
 def _knobs(*sizes: int) -> dict:
-    key = tuple(triton.next_power_of_2(max(s, 1)) for s in sizes)
-    return {{{defaults}, **TUNED.get(key, {{}})}}
+    return {{{defaults}, **TUNED.get(_size_key(*sizes), {{}})}}
 
 
 def _launch(knobs: dict) -> dict:

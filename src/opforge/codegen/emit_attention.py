@@ -32,10 +32,8 @@ ATTN_NUM_STAGES = 2
 
 
 def _attention_knobs(SQ: int, SK: int, D: int) -> dict:
-    # stage 7's per-size table (TUNED) is keyed ("attention", SQ, SK, D), rounded up to powers of two
-    key = ("attention",) + tuple(triton.next_power_of_2(max(s, 1)) for s in (SQ, SK, D))
     return {"ATTN_BLOCK_M": ATTN_BLOCK_M, "ATTN_BLOCK_N": ATTN_BLOCK_N, "ATTN_NUM_WARPS": ATTN_NUM_WARPS,
-            "ATTN_NUM_STAGES": ATTN_NUM_STAGES, **TUNED.get(key, {})}
+            "ATTN_NUM_STAGES": ATTN_NUM_STAGES, **TUNED.get(("attention",) + _size_key(SQ, SK, D), {})}
 
 
 def _attention_launch(knobs: dict) -> dict:

@@ -39,11 +39,9 @@ def _dot_operand(x, DOT_DTYPE: tl.constexpr):
 
 
 def _gemm_knobs(M: int, N: int, K: int) -> dict:
-    # stage 7's per-size table (TUNED) is keyed ("gemm", M, N, K), the sizes rounded up to powers of two
-    key = ("gemm",) + tuple(triton.next_power_of_2(max(s, 1)) for s in (M, N, K))
     return {"GEMM_BLOCK_M": GEMM_BLOCK_M, "GEMM_BLOCK_N": GEMM_BLOCK_N, "GEMM_BLOCK_K": GEMM_BLOCK_K,
             "GEMM_GROUP_M": GEMM_GROUP_M, "GEMM_NUM_WARPS": GEMM_NUM_WARPS, "GEMM_NUM_STAGES": GEMM_NUM_STAGES,
-            **TUNED.get(key, {})}
+            **TUNED.get(("gemm",) + _size_key(M, N, K), {})}
 
 
 def _gemm_launch(knobs: dict) -> dict:

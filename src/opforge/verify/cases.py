@@ -236,7 +236,8 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
     reduced = max((reduced_elems(n, spec, case["binding"], n_elements) for n in inexact), default=1)
     steps = None
     if inexact:  # the forward alone says whether the reference rounds at all
-        steps = shifted_runs(lambda: _truth64(golden, tensors, g_outs, attrs, grad_inputs), step_rel(reduced),
+        steps = shifted_runs(lambda: _golden_in(torch.float64, golden, tensors, g_outs, attrs, grad_inputs),
+                             step_rel(reduced),
                              probe=lambda: golden.forward(*tensors, compute_dtype=torch.float64, **attrs))
     results = []
     for name, actual in produced.items():
@@ -301,23 +302,19 @@ def overflow_truth(actual: torch.Tensor, t64: torch.Tensor,
 
 def _golden_paths(golden, tensors, g_outs, attrs, grad_inputs, forward=None) -> dict:
     """Every output and gradient of the golden as (float64 truth, float32 path), by name."""
-    t64 = forward[0] if forward else golden.forward(*tensors, compute_dtype=torch.float64, **attrs)
-    t32 = forward[1] if forward else golden.forward(*tensors, compute_dtype=torch.float32, **attrs)
-    paths = {n: (t64[i], t32[i]) for i, n in enumerate(golden.OUTPUT_NAMES)}
+    t64 = _golden_in(torch.float64, golden, tensors, g_outs, attrs, grad_inputs, forward and forward[0])
+    t32 = _golden_in(torch.float32, golden, tensors, g_outs, attrs, grad_inputs, forward and forward[1])
+    return {n: (t64[n], t32[n]) for n in t64}
+
+
+def _golden_in(dtype, golden, tensors, g_outs, attrs, grad_inputs, forward=None) -> dict:
+    """Every output and gradient of the golden computed in `dtype` (the outputs given as `forward`), by name."""
+    outs = forward if forward else golden.forward(*tensors, compute_dtype=dtype, **attrs)
+    paths = dict(zip(golden.OUTPUT_NAMES, outs))
     if g_outs is not None:
-        gt = golden.backward(tensors, g_outs, compute_dtype=torch.float64, **attrs)
-        g32 = golden.backward(tensors, g_outs, compute_dtype=torch.float32, **attrs)
-        paths.update((f"grad_{n}", (gt[k], g32[k])) for k, n in enumerate(grad_inputs))
+        grads = golden.backward(tensors, g_outs, compute_dtype=dtype, **attrs)
+        paths.update((f"grad_{n}", g) for n, g in zip(grad_inputs, grads))
     return paths
-
-
-def _truth64(golden, tensors, g_outs, attrs, grad_inputs) -> dict:
-    """Every output and gradient of the golden in float64, by name."""
-    out = dict(zip(golden.OUTPUT_NAMES, golden.forward(*tensors, compute_dtype=torch.float64, **attrs)))
-    if g_outs is not None:
-        grads = golden.backward(tensors, g_outs, compute_dtype=torch.float64, **attrs)
-        out.update((f"grad_{n}", g) for n, g in zip(grad_inputs, grads))
-    return out
 
 
 def _eager_paths(golden, tensors, g_outs, attrs, grad_inputs, wanted, dtype) -> dict:
