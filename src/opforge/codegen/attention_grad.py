@@ -155,15 +155,19 @@ def _whole_tile(region, bias) -> bool:
     scores: a per-head relative bias, a batch's own, or one broadcast along the queries or the keys (ALiBi's
     per-head slopes), whose gradient the kernel sums along them."""
     shape, scores = bias.meta["val"].shape, region.score.graph.find_nodes(op="placeholder")[0].meta["val"].shape
-    tail = ((1,) * 2 + tuple(shape))[-2:]
-    if side_kind(bias) != "tile" or any(not _one(n) and n != s for n, s in zip(tail, tuple(scores)[-2:])):
+    tail = ((1, 1) + tuple(shape))[-2:]
+    if side_kind(bias) != "tile" or any(not summed and n != s for summed, n, s in
+                                        zip(bias_sums(bias), tail, tuple(scores)[-2:])):
         return False
     placeholder = region.score.graph.find_nodes(op="placeholder")[1 + region.side.index(bias)]
     return differentiable(region.score, placeholder)
 
 
-def _one(n) -> bool:
-    return isinstance(n, int) and n == 1
+def bias_sums(bias: torch.fx.Node) -> tuple[bool, bool]:
+    """Whether a learned bias is broadcast along the queries, and along the keys (a 1 in its last two dimensions,
+    right-aligned): its gradient is summed there."""
+    tail = ((1, 1) + tuple(bias.meta["val"].shape))[-2:]
+    return tuple(isinstance(n, int) and n == 1 for n in tail)
 
 
 def _upstream(n) -> set:
@@ -219,6 +223,7 @@ class AttentionBackwardStage(AttentionStage):
     dsinks: str | None = None
     bias: str | None = None  # the side tile that takes a gradient, and its gradient
     dbias: str | None = None
+    bias_sums: tuple = (False, False)  # the bias is broadcast along the queries, the keys (bias_sums)
     grad_like: dict = field(default_factory=dict)  # each gradient -> input whose dtype it takes (else float32)
 
     @property
@@ -233,8 +238,8 @@ class AttentionBackwardStage(AttentionStage):
     @property
     def launches(self) -> int:
         """dQ over query blocks (with lse and Δ), dK and dV over key blocks, the sinks' sums, the bias's tiles
-        and the sum of their slots."""
-        return 2 + bool(self.dsinks) + 2 * bool(self.dbias)
+        (and the sum of their slots, for a bias broadcast along the queries or keys)."""
+        return 2 + bool(self.dsinks) + bool(self.dbias) + any(self.bias_sums)
 
     def flops(self, numel) -> int:
         """Q·Kᵀ and dO·Vᵀ in three walks, then Pᵀ·dO, dscoresᵀ·Q and dscores·K: 18·D per (query, key) pair the

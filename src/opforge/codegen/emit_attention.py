@@ -442,16 +442,18 @@ def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: li
                   probabilities) -> str:
     """d(bias) on one (query, key) tile, summed in order over the batches and heads the bias serves: the program
     walks them, recomputing P and dS. A bias broadcast along the queries or keys (ALiBi's per-head slopes) is
-    summed along them too, the tile's share into a slot of its own: no two programs write one element, and the
-    launcher adds the slots in a fixed order."""
+    summed along them too, the tile's share into a float32 slot of its own, and a second kernel adds the slots
+    in order: no two programs write one element."""
+    m_sum, n_sum = st.bias_sums
     bias_lines, d_bias = score_grad_statements(st, "ds", wrt=st.bias)
     params = ["q_ptr", "k_ptr", "v_ptr", "do_ptr", "lse_ptr", "delta_ptr", "part_ptr"] + ptrs
     params += ["B", "H", "GROUPS", "SQ", "SK", "D", "DV"] + strides
-    params += ["part_tm", "part_tn", "part_sb", "part_sh", "part_sm", "part_sn", "B_SUM", "H_SUM"] + rest
-    params += _CONSTEXPRS + ["M_SUM: tl.constexpr", "N_SUM: tl.constexpr"]
-    lines = _kernel(f"{prefix}_dbias_kernel", params,
+    params += ["part_tm"] * m_sum + ["part_tn"] * n_sum + ["part_sb", "part_sh", "part_sm", "part_sn", "B_SUM",
+                                                          "H_SUM"] + rest
+    along = " and ".join(axis for axis, summed in (("queries", m_sum), ("keys", n_sum)) if summed)
+    lines = _kernel(f"{prefix}_dbias_kernel", params + _CONSTEXPRS,
                     f"{st.name}: d {st.bias} on a (query, key) tile, summed over the B_SUM batches and H_SUM heads "
-                    "that read it (and over the tile's queries with M_SUM, its keys with N_SUM).")
+                    f"that read it" + (f" and the tile's {along}." if along else "."))
     b = lines.append
     b("    pid_m, pid_n = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)")
     b("    own = tl.program_id(2).to(tl.int64)")
@@ -471,16 +473,21 @@ def _dbias_kernel(st, prefix: str, ptrs: list[str], strides: list[str], rest: li
     lines += probabilities("            ", d_scores=False)
     lines += ["            " + x for x in bias_lines]
     b(f"            acc += {d_bias}")
-    b("    if M_SUM:  # one value for all queries: the tile's column sums, as row 0")
-    b("        acc = tl.sum(tl.where(rows[:, None] < SQ, acc, 0.0), 0)[None, :]")
-    b("        rows = tl.zeros((1,), tl.int64)")
-    b("    if N_SUM:  # one value for all keys: the row sums, as column 0")
-    b("        acc = tl.sum(tl.where(cols[None, :] < SK, acc, 0.0), 1)[:, None]")
-    b("        cols = tl.zeros((1,), tl.int64)")
-    b("    # part_tm (part_tn) is 0 unless the tile's queries (keys) are summed: then each tile has its own slot")
-    b("    at = pid_m * part_tm + pid_n * part_tn + own_b * part_sb + own_h * part_sh")
-    b("    at += rows[:, None] * part_sm + cols[None, :] * part_sn")
-    b("    tl.store(part_ptr + at, acc, mask=(rows[:, None] < SQ) & (cols[None, :] < SK))")
+    if m_sum:
+        b("    # one value for all queries: the tile's column sums, as row 0")
+        b("    acc = tl.sum(tl.where(rows[:, None] < SQ, acc, 0.0), 0)[None, :]")
+        b("    rows = tl.zeros((1,), tl.int64)")
+    if n_sum:
+        b("    # one value for all keys: the row sums, as column 0")
+        b("    acc = tl.sum(tl.where(cols[None, :] < SK, acc, 0.0), 1)[:, None]")
+        b("    cols = tl.zeros((1,), tl.int64)")
+    b("    at = own_b * part_sb + own_h * part_sh + rows[:, None] * part_sm + cols[None, :] * part_sn")
+    if m_sum or n_sum:
+        b("    at += " + " + ".join(["pid_m * part_tm"] * m_sum + ["pid_n * part_tn"] * n_sum) + "  # the tile's slot")
+    b("    inside = (rows[:, None] < SQ) & (cols[None, :] < SK)")
+    b("    tl.store(part_ptr + at, _to_dtype(acc, part_ptr.dtype.element_ty), mask=inside)")
+    if not (m_sum or n_sum):
+        return "\n".join(lines)
     total = _kernel(f"{prefix}_dbias_sum_kernel", ["part_ptr", "dbias_ptr", "SLOTS", "N", "BLOCK: tl.constexpr"],
                     f"{st.name}: d {st.bias} as the sum of its SLOTS slots, in order.")
     total += ["    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
@@ -574,23 +581,30 @@ def _backward_launcher(op: str, st, fn_name: str, tensor_args: list[str], attrs:
           common + ["d4[1]", "d4[2]"] + ptrs + _QKV + [f"*{st.grad}.stride()", "*d4[1].stride()", "*d4[2].stride()"]
           + rest, _BLOCKS)
     if st.dbias:
-        b("    # the bias right-aligned to (B, H, SQ, SK): a dimension of size 1 sums the gradients it serves")
+        m_sum, n_sum = st.bias_sums
+        b("    # the bias right-aligned to (B, H, SQ, SK): a batch or head dimension of size 1 sums what it serves")
         b(f"    shape4 = (1,) * (4 - {st.bias}.dim()) + tuple({st.bias}.shape)")
         b("    b_sum, h_sum = (max(B, 1) if shape4[0] == 1 else 1), (max(H, 1) if shape4[1] == 1 else 1)")
-        b("    m_sum, n_sum = shape4[2] == 1, shape4[3] == 1")
         b("    grid = (triton.cdiv(SQ, block_m), triton.cdiv(SK, block_n), B // b_sum * (H // h_sum))")
-        b("    # float32 slots: one per tile along a summed query (key) dimension, else one for all tiles")
-        b("    part = torch.zeros((grid[0] if m_sum else 1, grid[1] if n_sum else 1) + shape4,")
-        b("                       device=q4.device, dtype=torch.float32)")
-        b("    part_v = part.expand(part.shape[:2] + (B, H, 1 if m_sum else SQ, 1 if n_sum else SK))")
-        b("    part_tm, part_tn = (part_v.stride(0) if m_sum else 0), (part_v.stride(1) if n_sum else 0)")
+        if m_sum or n_sum:
+            b("    # float32 slots, one per tile along the summed queries (keys), added in order below")
+            b(f"    part = torch.zeros(({'grid[0]' if m_sum else '1'}, {'grid[1]' if n_sum else '1'}) + shape4, "
+              "device=q4.device, dtype=torch.float32)")
+        else:
+            b("    # a value per (query, key): the kernel writes the gradient (zeros where no batch or head reads it)")
+            b(f"    part = (torch.zeros if B * H == 0 else torch.empty)((1, 1) + shape4, device=q4.device, "
+              f"dtype={st.bias}.dtype)")
+        b(f"    part_v = part.expand(part.shape[:2] + (B, H, {'1' if m_sum else 'SQ'}, {'1' if n_sum else 'SK'}))")
+        slots = ["part_v.stride(0)"] * m_sum + ["part_v.stride(1)"] * n_sum
         _call(lines, f"{prefix}_dbias_kernel", "grid",
-              common + ["part"] + ptrs + ["B"] + _QKV + [f"*{st.grad}.stride()", "part_tm", "part_tn",
-                                                          "*part_v.stride()[2:]", "b_sum", "h_sum"] + rest,
-              _BLOCKS + ", M_SUM=m_sum, N_SUM=n_sum")
-        b(f"    {st.dbias} = torch.empty({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
-        b(f"    {prefix}_dbias_sum_kernel[(triton.cdiv({st.dbias}.numel(), 1024),)](")
-        b(f"        part, {st.dbias}, part.shape[0] * part.shape[1], {st.dbias}.numel(), BLOCK=1024)")
+              common + ["part"] + ptrs + ["B"] + _QKV + [f"*{st.grad}.stride()"] + slots
+              + ["*part_v.stride()[2:]", "b_sum", "h_sum"] + rest, _BLOCKS)
+        if m_sum or n_sum:
+            b(f"    {st.dbias} = torch.empty({st.bias}.shape, device=q4.device, dtype={st.bias}.dtype)")
+            b(f"    {prefix}_dbias_sum_kernel[(triton.cdiv({st.dbias}.numel(), 1024),)](")
+            b(f"        part, {st.dbias}, part.shape[0] * part.shape[1], {st.dbias}.numel(), BLOCK=1024)")
+        else:
+            b(f"    {st.dbias} = part.view({st.bias}.shape)")
     if st.sinks:
         _call(lines, f"{prefix}_dsinks_kernel", "(H,)",
               [st.sinks, "lse", "delta", st.dsinks, "B", "H", "SQ", f"{st.sinks}.stride(0)", f"{st.dsinks}.stride(0)"],

@@ -22,7 +22,7 @@ import torch
 from torch.utils._sympy.functions import FloorDiv
 
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention, side_kind
-from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage
+from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage, bias_sums
 from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
@@ -767,6 +767,7 @@ def _traced_attention(name: str, p, names: dict, result_like: dict, input_names:
         name, gname[0], like=None, shape=list(q.meta["val"].shape), grad=names[grad], dk=gname[1], dv=gname[2],
         dsinks=gname[3] if sinks is not None else None,
         bias=names[tensors[bias_grad]] if bias_grad >= 0 else None, dbias=gname[4] if bias_grad >= 0 else None,
+        bias_sums=bias_sums(tensors[bias_grad]) if bias_grad >= 0 else (False, False),
         grad_like={n: result_like.get(g) for n, g in zip(gname, grads) if g is not None}, **common)
 
 
