@@ -284,9 +284,8 @@ def overflow_truth(actual: torch.Tensor, t64: torch.Tensor,
     wrong), unless float64's result lies within float32's range: then an intermediate overflowed (a norm's
     sum of squares of values near 1e37), and the formula in float32 gives whatever inf arithmetic makes of it
     (NaN, or 0 where it divides by the inf), which is not judged. Where the two paths part on a non-finite
-    float64 value, they ran different implementations (a
-    library convolution skips the zero padding that the float64 path multiplies by a NaN weight): a kernel
-    that follows the float32 path there is held to it."""
+    float64 value, they ran different implementations (a library convolution skips the zero padding that the
+    float64 path multiplies by a NaN weight): a kernel that follows the float32 path there is held to it."""
     a = actual.detach().cpu().double()
     overflow = ~torch.isfinite(t32) & torch.isfinite(t64)
     within = t64.abs() <= torch.finfo(torch.float32).max
