@@ -275,6 +275,64 @@ def test_a_norm_projection_split_into_heads_then_rotated(tmp_path, dtype):
     _check(req, impl, {"T": 24, "E": 40, "H": 3, "D": 16}, dtype, 40)
 
 
+_PAIRS = {"requires_grad": False, "range": [-1.0, 1.0]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_rotary_pairs_after_a_biased_projection(tmp_path, dtype):
+    """GPT-J's rotary: the pairs are the even and odd columns (y[..., 0::2], y[..., 1::2]), rotated and
+    interleaved again by stack(..., -1).flatten(-2). Both are column moves of one glue kernel; their gradient
+    (a sum of strided slice_backwards) is the same interleave, and the bias's gradient, summed over rows of
+    all the heads, is a kernel of its own."""
+    d = _request(tmp_path, f"gptj_rope_{str(dtype)[6:]}",
+                 {"x": ["T", "C"], "w": ["H*E*2", "C"], "b": ["H*E*2"], "cos": ["T", "E"], "sin": ["T", "E"]},
+                 "y = F.linear(x, w, b).view(x.shape[0], -1, cos.shape[-1] * 2)\n"
+                 "y1, y2 = y[..., 0::2], y[..., 1::2]\n"
+                 "c, s = cos[:, None], sin[:, None]\n"
+                 "return torch.stack([y1 * c - y2 * s, y1 * s + y2 * c], dim=-1).flatten(-2)",
+                 {"T": 12, "C": 24, "H": 3, "E": 4}, extra=dict.fromkeys(("cos", "sin"), _PAIRS))
+    req, build, impl = _impl(d, tmp_path)
+    (rope,) = build.forward.glue
+    src = Path(impl.__file__).read_text()
+    assert "tl.where(cols % 2 == 0, " in src and "slice_backward" not in src  # interleaved, both ways
+    assert len(build.backward.glue) == 2  # the rotary's gradient, then the bias's column sums of it
+    _check(req, impl, {"T": 12, "C": 24, "H": 3, "E": 4}, dtype, 24)
+
+
+def test_rotary_pairs_taken_from_a_view_of_the_last_dimension(tmp_path):
+    """The pairs as x.view(..., -1, 2)[..., 0] and [..., 1] (each the strided slice x[..., k::2]) and put back
+    with reshape: the same kernel as with slices."""
+    d = _request(tmp_path, "pairs_rope",
+                 {"x": ["T", "C"], "w": ["H*E*2", "C"], "cos": ["T", "E"], "sin": ["T", "E"]},
+                 "y = (x @ w.t()).view(x.shape[0], -1, cos.shape[-1] * 2)\n"
+                 "p = y.view(*y.shape[:-1], -1, 2)\n"
+                 "y1, y2 = p[..., 0], p[..., 1]\n"
+                 "c, s = cos[:, None], sin[:, None]\n"
+                 "return torch.stack([y1 * c - y2 * s, y1 * s + y2 * c], dim=-1).reshape(y.shape)",
+                 {"T": 10, "C": 16, "H": 2, "E": 6}, extra=dict.fromkeys(("cos", "sin"), _PAIRS))
+    req, build, impl = _impl(d, tmp_path)
+    assert "aten.select.int" not in str(build.traced.forward.graph)
+    _check(req, impl, {"T": 10, "C": 16, "H": 2, "E": 6}, torch.float32, 16)
+
+
+def test_a_fused_latent_and_rotary_projection_declared_as_a_sum_of_sizes(tmp_path):
+    """DeepSeek's key-value down-projection: one weight of L + 2R rows ("L+R*2" in the request), split into
+    the latent (RMSNorm) and the rotary part, whose pairs are x.unflatten(-1, (-1, 2))[..., k]."""
+    d = _request(tmp_path, "latent_rope",
+                 {"x": ["T", "C"], "w_kv": ["L+R*2", "C"], "g": ["L"], "cos": ["T", "R"], "sin": ["T", "R"]},
+                 "kv = x @ w_kv.t()\n"
+                 "latent, pe = kv.split([g.shape[0], cos.shape[-1] * 2], dim=-1)\n"
+                 "lf = latent.float()\n"
+                 "latent = (lf * torch.rsqrt(lf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * g\n"
+                 "pairs = pe.unflatten(-1, (-1, 2))\n"
+                 "a, b = pairs[..., 0], pairs[..., 1]\n"
+                 "return latent, torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)",
+                 {"T": 12, "C": 20, "L": 16, "R": 4}, extra=dict.fromkeys(("cos", "sin"), _PAIRS))
+    req, build, impl = _impl(d, tmp_path)
+    assert req.input_shape(req.inputs[1], {"T": 12, "C": 20, "L": 16, "R": 4}) == (24, 20)
+    _check(req, impl, {"T": 9, "C": 20, "L": 10, "R": 3}, torch.float32, 20)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_linear_of_three_dimensional_activations_fuses_its_epilogue_through_the_view(tmp_path, dtype):
     """F.linear of (B, S, E) traces (B·S, N) viewed (B, S, N): the bias, a per-token scale, the activation and the
@@ -286,6 +344,23 @@ def test_a_linear_of_three_dimensional_activations_fuses_its_epilogue_through_th
     (gemm,) = build.forward.gemms
     assert gemm.epilogue is not None and not build.forward.glue
     _check(req, impl, {"B": 2, "S": 19, "E": 33, "N": 21}, dtype, 33)
+
+
+@pytest.mark.parametrize("split_k", [3, 8])
+def test_split_k_shares_each_tile_among_programs_and_gives_the_same_bits_each_run(tmp_path, split_k):
+    """A skinny product (few tiles, long K) with split-K forced: the K splits of a tile store partials and the
+    last one adds them in split order and runs the epilogue (bias, GELU, residual). 8 splits of 5 K steps
+    leave some splits nothing to do. Forward and backward (dx and dw are split too) match float64; on a GPU,
+    where the splits finish in any order, a second run gives the same bits."""
+    path = _request(tmp_path, f"skinny_{split_k}", {"x": ["M", "K"], "w": ["N", "K"], "b": ["N"], "r": ["M", "N"]},
+                    "return F.gelu(F.linear(x, w, b)) + r", {"M": 6, "K": 72, "N": 10})
+    req, build, impl = _impl(path, tmp_path)
+    impl.GEMM_BLOCK_K, impl.GEMM_SPLIT_K = 16, split_k
+    _check(req, impl, {"M": 6, "K": 72, "N": 10}, torch.float32, 72)
+    _check(req, impl, {"M": 3, "K": 40, "N": 7}, torch.bfloat16, 40)
+    x, w, b, r = (torch.randn(*s, device=DEVICE) for s in ((5, 70), (9, 70), (9,), (5, 9)))
+    op = getattr(impl, req.name)
+    assert torch.equal(op(x, w, b, r), op(x, w, b, r))
 
 
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):
@@ -349,6 +424,28 @@ def test_every_gemm_kernel_compiles_for_sm90_on_the_tensor_cores_without_spills(
             assert b["spill_bytes"] == 0, b
         for b in gemms:
             assert b["wgmma"] > 0, b  # Hopper's warpgroup matrix instructions, not FMA loops
+
+
+def test_split_k_compiles_for_sm90_on_the_tensor_cores_without_spills(tmp_path):
+    """The split path (partials, the tile's ticket, the ordered sum) only exists when SPLIT_K > 1: compiled here
+    with 4 splits, forward and backward, as the GPU compiler sees it."""
+    import json
+    import subprocess
+    import sys
+
+    req, _, _ = _impl(EXAMPLES / "linear_gelu", tmp_path)
+    src = tmp_path / "linear_gelu_impl.py"
+    src.write_text(src.read_text().replace("GEMM_SPLIT_K = 1\n", "GEMM_SPLIT_K = 4\n"))
+    code = ("import json, sys; from pathlib import Path; from opforge.bench.aot import compile_op; "
+            "from opforge.request import load_request; "
+            "print(json.dumps(compile_op(load_request(sys.argv[1]), impl_path=Path(sys.argv[2]))))")
+    r = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "linear_gelu"), str(src)], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout.splitlines()[-1])
+    gemms = [b for b in report["builds"] if b.get("constexprs", {}).get("SPLIT_K") == 4]
+    assert report["failed"] == 0 and len(gemms) == 3, report
+    assert all(b["spill_bytes"] == 0 and b["wgmma"] > 0 for b in gemms)
 
 
 @pytest.mark.parametrize("equation, problem", [

@@ -21,6 +21,8 @@ CASES = {
     "reference_missing": (lambda d: d.update(reference="nowhere.py:forward"), None, "nowhere.py not found"),
     "reference_raises": (None, "def forward(weight, scale, eps=1e-4, qmin=-128.0, qmax=127.0):\n"
                                "    raise RuntimeError('broken on purpose')\n", "broken on purpose"),
+    "bad_shape_entry": (lambda d: d["inputs"]["weight"].update(shape=["N", "M+"]), None,
+                        "weight.shape: 'M+' is neither a symbol, a product like 'G*32', a sum like 'L+R*2', nor"),
     "bad_range": (lambda d: d["inputs"]["scale"].update(range=[1.0, 0.5]), None, "scale.range"),
     "index_first": (lambda d: d["inputs"]["weight"].update(dtype="int64"), None, "weight.dtype: the first input"),
     "index_without_range": (lambda d: d["inputs"]["scale"].update(dtype="int64", range=None, requires_grad=False),

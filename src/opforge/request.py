@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import keyword
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -27,8 +28,11 @@ INDEX_DTYPES = ("int64", "int32", "int8", "bool")  # read exactly, drawn from a 
 ATTR_TYPES = {"float": float, "int": int, "bool": bool}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# a dimension may be a product of symbols and sizes ("G*32": groups of 32), for sizes tied to each other
-_PRODUCT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*)(\s*\*\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*))*\s*$")
+# a dimension may be a sum of products of symbols and sizes, for sizes tied to each other ("G*32": groups of 32;
+# "L+R*2": a fused projection's latent and rotary columns side by side)
+_FACTOR = r"\s*([A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*)\s*"
+_TERM = rf"{_FACTOR}(\*{_FACTOR})*"
+_PRODUCT = re.compile(rf"^{_TERM}(\+{_TERM})*$")
 
 
 @dataclass(frozen=True)
@@ -76,20 +80,17 @@ def _keys(doc: dict, mapping: str, where: str) -> None:
 
 
 def dim_symbols(d) -> list[str]:
-    """The symbols a shape entry names: [] for a size, ['G'] for 'G*32'."""
+    """The symbols a shape entry names: [] for a size, ['G'] for 'G*32', ['L', 'R'] for 'L+R*2'."""
     if not isinstance(d, str):
         return []
-    return [f.strip() for f in d.split("*") if not f.strip().isdigit()]
+    return [f.strip() for t in d.split("+") for f in t.split("*") if not f.strip().isdigit()]
 
 
 def dim_size(d, binding: dict[str, int]) -> int:
     if not isinstance(d, str):
         return int(d)
-    n = 1
-    for f in d.split("*"):
-        f = f.strip()
-        n *= int(f) if f.isdigit() else binding[f]
-    return n
+    return sum(math.prod(int(f) if f.strip().isdigit() else binding[f.strip()] for f in t.split("*"))
+               for t in d.split("+"))
 
 
 @dataclass
@@ -218,7 +219,8 @@ def _shape(shape: list, where: str) -> None:
         ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
             isinstance(d, str) and _PRODUCT.match(d) and dim_symbols(d))
         if not ok:
-            raise _bad(where, f"{d!r} is neither a symbol, a product like 'G*32', nor a positive int")
+            raise _bad(where, f"{d!r} is neither a symbol, a product like 'G*32', a sum like 'L+R*2', "
+                                 "nor a positive int")
 
 
 def _index_range(rng, edges, requires_grad: bool, where: str) -> tuple:

@@ -40,13 +40,15 @@ SPACE = {
     "GEMM_GROUP_M": [1, 4, 8, 16],
     "GEMM_NUM_WARPS": [4, 8],
     "GEMM_NUM_STAGES": [2, 3, 4, 5],
+    "GEMM_SPLIT_K": [1, 2, 4, 8, 16],  # programs sharing a tile's K: skinny products with too few tiles
     # an attention's queries per program, keys per step of its walk, warps and pipeline depth
     "ATTN_BLOCK_M": [32, 64, 128],
     "ATTN_BLOCK_N": [32, 64, 128],
     "ATTN_NUM_WARPS": [4, 8],
     "ATTN_NUM_STAGES": [1, 2, 3],
 }
-GEMM_KNOBS = ("GEMM_BLOCK_M", "GEMM_BLOCK_N", "GEMM_BLOCK_K", "GEMM_GROUP_M", "GEMM_NUM_WARPS", "GEMM_NUM_STAGES")
+GEMM_KNOBS = ("GEMM_BLOCK_M", "GEMM_BLOCK_N", "GEMM_BLOCK_K", "GEMM_GROUP_M", "GEMM_NUM_WARPS", "GEMM_NUM_STAGES",
+              "GEMM_SPLIT_K")
 ATTN_KNOBS = ("ATTN_BLOCK_M", "ATTN_BLOCK_N", "ATTN_NUM_WARPS", "ATTN_NUM_STAGES")
 # module constants
 PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT",

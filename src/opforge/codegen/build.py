@@ -55,10 +55,12 @@ def graph_dims(gm, names: list[str]) -> dict:
 
 
 def _glue_dims(gm, names: list[str], outer: dict) -> dict:
-    """graph_dims of a glue graph, and the pass's for any symbol its inputs' shapes hold only inside an
-    expression (a view (T, s46 // D, D) of a product: s46 is read off the pass's weight)."""
+    """graph_dims of a glue graph, and the pass's for any symbol its inputs' or outputs' shapes hold only inside
+    an expression (a view (T, s46 // D, D) of a product: s46 is read off the pass's weight)."""
     dims = graph_dims(gm, names)
-    for node in gm.graph.find_nodes(op="placeholder"):
+    out = gm.graph.find_nodes(op="output")[0].args[0]
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if hasattr(o, "meta")]
+    for node in gm.graph.find_nodes(op="placeholder") + outs:
         for e in shape_exprs(node.meta["val"]):
             for s in sorted(getattr(e, "free_symbols", ()), key=str):
                 if s not in dims and s in outer:
@@ -276,7 +278,7 @@ def generate_impl(req: Request, build: Build) -> str:
 
 def symbol_map(gm, req: Request, products: bool = False) -> dict:
     """Graph shape symbols -> the request's shape symbols, read off the placeholders. With `products`, a
-    dimension declared as 'G*32' maps to the expression 32*G."""
+    dimension declared as 'G*32' maps to the expression 32*G, one declared 'L+R*2' to L + 2*R."""
     out = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for spec, node in zip(req.inputs, placeholders):
@@ -284,11 +286,9 @@ def symbol_map(gm, req: Request, products: bool = False) -> dict:
             if isinstance(e, sympy.Symbol) and isinstance(d, str) and d.isidentifier():
                 out[e] = d
             elif products and isinstance(e, sympy.Symbol) and isinstance(d, str) and e not in out:
-                expr = sympy.Integer(1)
-                for f in d.split("*"):
-                    f = f.strip()
-                    expr = expr * (int(f) if f.isdigit() else sympy.Symbol(f, integer=True, positive=True))
-                out[e] = expr
+                out[e] = sympy.Add(*[sympy.Mul(*[int(f) if f.strip().isdigit() else
+                                                 sympy.Symbol(f.strip(), integer=True, positive=True)
+                                                 for f in t.split("*")]) for t in d.split("+")])
     return out
 
 

@@ -12,6 +12,7 @@ import contextlib
 import math
 import operator
 
+import sympy
 import torch
 import torch.nn.functional as F
 from torch._decomp import get_decompositions
@@ -319,6 +320,84 @@ def split_to_slices(gm: torch.fx.GraphModule) -> None:
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()
+
+
+def pairs_to_strided_slices(gm: torch.fx.GraphModule) -> None:
+    """Element k of each group of m after the last dimension is viewed as (E, m) — `x.view(..., -1, 2)[..., 0]`,
+    `x.unflatten(-1, (-1, 2)).unbind(-1)`, the backward of a stack that was flattened — is the strided slice
+    `x[..., k::m]`: a row kernel reads it as columns k, k + m, ... of the row it already walks."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.select.int, aten.unbind.int):
+            continue
+        view, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+        if not (isinstance(view, torch.fx.Node) and view.op == "call_function" and view.target in RESHAPES):
+            continue
+        src = view.args[0]
+        split, whole = view.meta["val"].shape, src.meta["val"].shape
+        m = view.args[1][-1] if len(split) >= 2 else None  # as written: the fake size may be a symbol's quotient
+        # the leading dims kept, so the view splits the last one into (E, m)
+        if dim % len(split) != len(split) - 1 or not isinstance(m, int) or m < 1 or \
+                len(whole) != len(split) - 1 or not all(_same_size(a, b) for a, b in zip(split[:-2], whole[:-1])):
+            continue
+        picks = [(node, node.args[2] % m)] if node.target == aten.select.int else \
+            [(u, u.args[1]) for u in node.users if u.target is operator.getitem]
+        if node.target == aten.unbind.int and len(picks) != len(node.users):
+            continue
+        for pick, k in picks:
+            strided = _insert(graph, pick, aten.slice.Tensor, (src, len(whole) - 1, k, SLICE_TO_END, m))
+            pick.replace_all_uses_with(strided)
+            graph.erase_node(pick)
+        if node.users == {} and node in graph.nodes:
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+def interleaved_gradients(gm: torch.fx.GraphModule) -> None:
+    """The gradient of pieces that together take every column in turn — strided slices `x[..., 0::2]` and
+    `x[..., 1::2]`, or the pair elements `x.view(..., -1, 2)[..., k]` — is traced as a sum of slice_backwards
+    (select_backwards), each into zeros. It is the pieces' gradients interleaved: a stack along a new last
+    dimension (viewed back to the row for slices), which a row kernel writes once per column."""
+    graph = gm.graph
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target != aten.add.Tensor or any(u.target == aten.add.Tensor for u in n.users):
+            continue
+        leaves, todo = [], [n]
+        while todo:
+            x = todo.pop()
+            if isinstance(x, torch.fx.Node) and x.target == aten.add.Tensor and (x is n or len(x.users) == 1) \
+                    and len(x.args) == 2 and not x.kwargs:
+                todo += list(x.args)
+            else:
+                leaves.append(x)
+        kind = leaves[0].target if isinstance(leaves[0], torch.fx.Node) else None
+        if kind not in (aten.slice_backward.default, aten.select_backward.default) or not all(
+                isinstance(x, torch.fx.Node) and x.target == kind for x in leaves):
+            continue
+        m, sizes = len(leaves), list(leaves[0].args[1])
+        rank = len(sizes)
+        if kind == aten.slice_backward.default:  # (grad, sizes, dim, start, end, step): every m-th column from k
+            at = {x.args[3]: x for x in leaves if len(x.args) == 6 and x.args[5] == m
+                  and isinstance(x.args[4], int) and x.args[4] >= SLICE_TO_END}
+        else:  # (grad, sizes, dim, index) into a last dimension of m
+            at = {x.args[3] % m: x for x in leaves if sizes[-1] == m}
+        if sorted(at, key=str) != list(range(m)) or any(
+                list(x.args[1]) != sizes or x.args[2] % rank != rank - 1 for x in leaves):
+            continue
+        stack = _insert(graph, n, aten.stack.default, ([at[k].args[0] for k in range(m)], -1))
+        n.replace_all_uses_with(stack if kind == aten.select_backward.default else
+                                _insert(graph, n, aten.view.default, (stack, sizes)))
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+def _same_size(a, b) -> bool:
+    """Two sizes, ints or symbolic, that are equal for every binding."""
+    expr = [x.node.expr if isinstance(x, torch.SymInt) else x for x in (a, b)]
+    return sympy.simplify(expr[0] - expr[1]) == 0
 
 
 PRODUCTS_2D = {aten.mm.default, aten.addmm.default}

@@ -8,6 +8,11 @@ broadcasts reach the kernel without a copy. An operand computed by pointwise wor
 dequantization) is computed on each K step's tile from that work's inputs (the prologue). After the K loop the
 tile is still in registers: addmm's bias is added there, and a fused epilogue (the flat planner's statements)
 runs on it before the one store.
+
+Split-K (a tuned knob, for skinny products whose tiles are too few to fill the device): SPLIT_K programs share
+a tile, each walking its own range of K. Each stores its float32 partial tile, then takes the tile's ticket
+(`_last_split`: a barrier, then an acq_rel atomic); the last to take it adds the partials in split order, so
+the bits do not depend on which program finished last, and it alone runs the epilogue and stores.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ GEMM_BLOCK_K = 32
 GEMM_GROUP_M = 8
 GEMM_NUM_WARPS = 8
 GEMM_NUM_STAGES = 3
+GEMM_SPLIT_K = 1
 _DOT_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -38,10 +44,18 @@ def _dot_operand(x, DOT_DTYPE: tl.constexpr):
     return x
 
 
+@triton.jit
+def _last_split(ticket_ptr, SPLIT_K: tl.constexpr):
+    # Every warp's store of this split's partial tile is issued before one thread takes the tile's ticket;
+    # acq_rel orders them before it, and the last split's loads of the other partials after it.
+    tl.debug_barrier()
+    return tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == SPLIT_K - 1
+
+
 def _gemm_knobs(M: int, N: int, K: int) -> dict:
     return {"GEMM_BLOCK_M": GEMM_BLOCK_M, "GEMM_BLOCK_N": GEMM_BLOCK_N, "GEMM_BLOCK_K": GEMM_BLOCK_K,
             "GEMM_GROUP_M": GEMM_GROUP_M, "GEMM_NUM_WARPS": GEMM_NUM_WARPS, "GEMM_NUM_STAGES": GEMM_NUM_STAGES,
-            **TUNED.get(("gemm",) + _size_key(M, N, K), {})}
+            "GEMM_SPLIT_K": GEMM_SPLIT_K, **TUNED.get(("gemm",) + _size_key(M, N, K), {})}
 
 
 def _gemm_launch(knobs: dict) -> dict:
@@ -135,9 +149,9 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     operand_ptrs, operand_strides = _operand_params(st)
     params = operand_ptrs + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"] + operand_strides
     params += [f"{n}_{s}" for n in tiles for s in ("sb", "sm", "sn")]
-    params += st.attrs
+    params += st.attrs + ["partials_ptr", "tickets_ptr"]
     params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
-               "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
+               "SPLIT_K: tl.constexpr", "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
     what = "C = A·B" + ("" if not st.bias else " + bias" if st.alpha == st.beta == 1 else
                           f", then {st.beta:g}·bias + {st.alpha:g}·C")
     what += "".join(f", {side.upper()} computed by its prologue" for side in st.prologues)
@@ -145,7 +159,7 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     lines = ["@triton.jit", f"def {gemm_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
              f'    """{st.name}: {what}; stores {", ".join(st.writes)}."""']
     b = lines.append
-    b("    pid, bid = tl.program_id(0), tl.program_id(1).to(tl.int64)  # tile, batch")
+    b("    pid, bid, split = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)  # tile, batch, K split")
     b("    # grouped order: GROUP_M consecutive tile rows run together and share B's columns in L2")
     b("    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)")
     b("    group = pid // (GROUP_M * tiles_n)")
@@ -159,8 +173,11 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
     for side, pro in st.prologues.items():
         for n in pro.scalars:
             b(f"    {n} = _to_f32(tl.load({side}_{n}_ptr))  # one value for the whole tensor")
+    b("    # this program's share of K: whole BLOCK_K steps, all of K unless the tile is split")
+    b("    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K")
+    b("    k_lo = split * k_span")
     b("    accumulator = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
-    b("    for k0 in range(0, K, BLOCK_K):")
+    b("    for k0 in range(k_lo, tl.minimum(k_lo + k_span, K), BLOCK_K):")
     b("        kk = k0 + rk  # the last step runs past K: masked to zeros, which add nothing")
     lines += _operand_tile(st, "a") + _operand_tile(st, "b")
     if not st.prologues:
@@ -186,6 +203,19 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
             pair = ("a_lo", "b_fin") if side == "a" else ("a_fin", "b_lo")
             b(f"            accumulator = tl.dot({pair[0]}, {pair[1]}, accumulator, input_precision=PRECISION)")
     b("    mask = (rm[:, None] < M) & (rn[None, :] < N)")
+    b("    if SPLIT_K > 1:")
+    b("        # the splits of a tile meet: each stores its partial, the last adds them all in split order")
+    b("        tile_id = bid * tl.num_programs(0).to(tl.int64) + pid  # int64: partials are tiles × splits × tile")
+    b("        tile = tile_id * SPLIT_K")
+    b("        at = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+    b("        tl.store(partials_ptr + (tile + split) * BLOCK_M * BLOCK_N + at, accumulator)")
+    b("        # the ticket's answer as a tile mask, all true or all false (the interpreter's `&` of a scalar and")
+    b("        # a tile is no mask)")
+    b("        last = tl.where(_last_split(tickets_ptr + tile_id, SPLIT_K), at >= 0, at < 0)")
+    b("        accumulator = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+    b("        for s in tl.static_range(SPLIT_K):")
+    b("            accumulator += tl.load(partials_ptr + (tile + s) * BLOCK_M * BLOCK_N + at, mask=last, other=0.0)")
+    b("        mask = mask & last  # only the last split runs the epilogue's loads and stores")
     if st.bias:
         bias = f"_to_f32(tl.load({_tile(st.bias)}, mask=mask, other=0.0))"
         alpha = "accumulator" if st.alpha == 1 else f"accumulator * {st.alpha!r}"
@@ -262,7 +292,14 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
         b(f"    dot = _DOT_DTYPE[{dtypes[0]}] if {dtypes[0]} == {dtypes[1]} else tl.float32")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
     b("    knobs = _gemm_knobs(M, N, K)  # tuned for these sizes, or the defaults")
-    b("    grid = (triton.cdiv(M, knobs[\"GEMM_BLOCK_M\"]) * triton.cdiv(N, knobs[\"GEMM_BLOCK_N\"]), batch)")
+    b("    tiles, split_k = triton.cdiv(M, knobs[\"GEMM_BLOCK_M\"]) * triton.cdiv(N, knobs[\"GEMM_BLOCK_N\"]), "
+      "knobs[\"GEMM_SPLIT_K\"]")
+    b("    grid = (tiles, batch, split_k)")
+    b("    # split-K's float32 partial tiles and one ticket per tile (none when K is not split)")
+    b("    split = split_k > 1")
+    b("    partials = torch.empty(batch * tiles * split_k * knobs[\"GEMM_BLOCK_M\"] * knobs[\"GEMM_BLOCK_N\"] if split "
+      f"else 0, device={a}.device, dtype=torch.float32)")
+    b(f"    tickets = torch.zeros(batch * tiles if split else 0, device={a}.device, dtype=torch.int32)")
     views = {t: f"{t}_v" for t in st.tiles_in}
     tiles = st.tiles_in + st.writes
     args = operands + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
@@ -270,10 +307,11 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     args += [f"*{t}.stride()" if t in merged else _strides3(t, st.batched) for t in strided]
     args += [f"{side}_shape[{pro.merge[0] + 1}]" for side, pro in st.prologues.items() if pro.merge]
     args += [_strides3(views.get(t, t), st.batched) for t in tiles]
-    args += st.attrs
+    args += st.attrs + ["partials", "tickets"]
     b(f"    {gemm_kernel_name(op, st)}[grid](")
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
     b("        BLOCK_M=knobs[\"GEMM_BLOCK_M\"], BLOCK_N=knobs[\"GEMM_BLOCK_N\"], BLOCK_K=knobs[\"GEMM_BLOCK_K\"],")
-    b("        GROUP_M=knobs[\"GEMM_GROUP_M\"], DOT_DTYPE=dot, PRECISION=precision, **_gemm_launch(knobs))")
+    b("        GROUP_M=knobs[\"GEMM_GROUP_M\"], SPLIT_K=split_k, DOT_DTYPE=dot, PRECISION=precision, "
+      "**_gemm_launch(knobs))")
     b(f"    return {', '.join(st.writes)}{',' if len(st.writes) == 1 else ''}")
     return "\n".join(lines) + "\n"

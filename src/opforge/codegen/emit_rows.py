@@ -79,7 +79,7 @@ class _Emitter:
         self.head = _Block(1, False)  # values without rows or columns, computed first
         self.rowvals: dict = {}  # node -> name, values without columns (computed once per program)
         self.pre: _Block = self.head
-        self.shifts: dict[str, int] = {}  # column offsets seen, numbered for readable names
+        self.shifts: dict[str, int] = {}  # moved column expressions seen, numbered for readable names
         self.held = ieee_nodes(plan.gm.graph, plan.out_nodes)  # IEEE division where outputs are held exact
 
     # -- operands ------------------------------------------------------------------------------------------
@@ -115,12 +115,12 @@ class _Emitter:
             return f"({src(a.node.expr, self.p.symbols)})"
         return _literal(a)
 
-    def render(self, a, shift, blk):
+    def render(self, a, col, blk):
         """An operand of pointwise math: sizes become floats there."""
         if isinstance(a, torch.fx.Node):
             if a.op == "call_function" and OP_TABLE[op_name(a.target)].kind == SYMBOLIC:
                 return self.sym(a, real=True)
-            return self.ev(a, shift, blk)
+            return self.ev(a, col, blk)
         if isinstance(a, (list, tuple)):
             return a
         if isinstance(a, (torch.SymInt, torch.SymFloat)):
@@ -128,51 +128,52 @@ class _Emitter:
         return _literal(a)
 
     # -- values --------------------------------------------------------------------------------------------
-    def ev(self, node, shift: str, blk: _Block) -> str:
-        """A name (or inline expression) holding `node` at column offset `shift` in block `blk`."""
+    def ev(self, node, col: str, blk: _Block) -> str:
+        """A name (or inline expression) holding `node` at column `col` in block `blk`: `cols` (COLS), or an
+        expression of it where a slice, concatenation or interleave moved the columns."""
         i = self.p.info[node]
         if not i.dc:
-            shift = "0"
+            col = COLS
         if node in self.rowvals:
             return self.rowvals[node]
-        key = (node, shift)
+        key = (node, col)
         if key in blk.cache:
             return blk.cache[key]
         # values without columns live outside column loops: scalars at the top, row values before the loop
         home = self.head if not i.dr else self.pre
         if not i.dc and not i.post and blk.cols and home is not blk:
-            return self.ev(node, shift, home)
-        name = self._emit(node, shift, blk)
+            return self.ev(node, col, home)
+        name = self._emit(node, col, blk)
         if not i.dc and not i.post:
             self.rowvals[node] = name
         else:
             blk.cache[key] = name
         return name
 
-    def _target(self, node, shift) -> str:
-        if shift == "0":
+    def _target(self, node, col) -> str:
+        if col == COLS:
             return node.name
-        return f"{node.name}_sh{self.shifts.setdefault(shift, len(self.shifts) + 1)}"
+        return f"{node.name}_sh{self.shifts.setdefault(col, len(self.shifts) + 1)}"
 
-    def _emit(self, node, shift: str, blk: _Block) -> str:
+    def _emit(self, node, col: str, blk: _Block) -> str:
         if node.op == "placeholder":
-            return self._load(node, shift, blk)
+            return self._load(node, col, blk)
         key = op_name(node.target)
         rule = OP_TABLE[key]
         if rule.kind == SYMBOLIC:
             return self.sym(node)
         if rule.kind == VIEW:
-            return self.ev(node.args[0], shift, blk)
+            return self.ev(node.args[0], col, blk)
         if rule.kind == SHIFT:
-            return self._shift(node, key, shift, blk)
+            return self._shift(node, key, col, blk)
         if rule.kind == COLUMN:  # compared with indices loaded as float32: exact below 2**24 columns
-            return f"(cols.to(tl.float32) + 1.0 * ({shift}))" if shift != "0" else "cols.to(tl.float32)"
+            return f"{_paren(col)}.to(tl.float32)"
         if rule.kind in ("reduction",):
             raise RuntimeError(f"reduction {node.name} used before it is finished")
         # a constant's tensor argument (zeros_like(x)) only lends its shape: never evaluate it
         args = [None if rule.kind == CONSTANT and isinstance(a, torch.fx.Node)
-                and isinstance(a.meta.get("val"), torch.Tensor) else self.render(a, shift, blk) for a in node.args]
-        kwargs = {k: self.render(v, shift, blk) for k, v in node.kwargs.items() if k not in _KWARGS_DROPPED}
+                and isinstance(a.meta.get("val"), torch.Tensor) else self.render(a, col, blk) for a in node.args]
+        kwargs = {k: self.render(v, col, blk) for k, v in node.kwargs.items() if k not in _KWARGS_DROPPED}
         if key == "aten._to_copy.default":
             kwargs["dtype"] = str(node.kwargs.get("dtype"))
         elif rule.kind == CONSTANT:
@@ -183,12 +184,12 @@ class _Emitter:
             return expr
         if expr in blk.exprs:
             return blk.exprs[expr]
-        target = self._target(node, shift)
+        target = self._target(node, col)
         blk.add(f"{target} = {expr}  # {key}")
         blk.exprs[expr] = target
         return target
 
-    def _load(self, node, shift: str, blk: _Block) -> str:
+    def _load(self, node, col: str, blk: _Block) -> str:
         m = self.inputs[node]
         i = self.p.info[node]
         if m.layout == "scalar":
@@ -197,41 +198,54 @@ class _Emitter:
         if not i.dc:
             self.pre.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0))")
             return m.name
-        col = _cols_at(shift)
+        at = _paren(col)
         mask = [] if not i.dr else ["rmask"]
-        mask += [f"({col} < {self.ext(i.ext)})"] if shift == "0" else [f"({col} >= 0)", f"({col} < {self.ext(i.ext)})"]
-        off = f"{m.row_off} + {col}" if i.dr else col
-        target = m.name if shift == "0" else self._target(node, shift).replace(node.name, m.name)
+        # a moved column can fall before the row only where the expression subtracts (cat's later parts)
+        mask += [f"({at} >= 0)"] if "-" in col else []
+        mask += [f"({at} < {self.ext(i.ext)})"]
+        off = f"{m.row_off} + {at}" if i.dr else at
+        target = m.name if col == COLS else self._target(node, col).replace(node.name, m.name)
         blk.add(f"{target} = _to_f32(tl.load({m.name}_ptr + {off}, mask={' & '.join(mask)}, other=0.0))")
         return target
 
-    def _shift(self, node, key, shift, blk) -> str:
-        def at(off):  # offsets compose as text; tidy keeps `cols + D - (D // 2)` from growing with each one
-            return tidy(off if shift == "0" else f"{shift} + {off}" if off != "0" else shift)
-
-        if key == "aten.slice.Tensor":
+    def _shift(self, node, key, col, blk) -> str:
+        """`node` at column `col`: its source at the column it came from. Column expressions compose as text;
+        tidy keeps `cols + D - (D // 2)` from growing with each slice."""
+        at = _paren(col)
+        if key == "aten.slice.Tensor":  # x[..., start::step]: column start + step * c of x
             start = self.sym(node.args[2]) if len(node.args) > 2 and node.args[2] is not None else "0"
-            return self.ev(node.args[0], at(start), blk)
-        col = _cols_at(shift)
-        if key == "aten.slice_backward.default":
-            start, end = self.sym(node.args[3]), node.args[4]
+            step = node.args[4] if len(node.args) > 4 else 1
+            return self.ev(node.args[0], tidy(f"{start} + {_times(step, at)}"), blk)
+        if key == "aten.slice_backward.default":  # the gradient scattered back: zero where no column came from
+            start, end, step = self.sym(node.args[3]), node.args[4], (node.args[5] if len(node.args) > 5 else 1)
             end = self.ext(self.p.info[node].ext) if isinstance(end, int) and end >= 2 ** 31 else self.sym(end)
-            inner = self.ev(node.args[0], at(f"-({start})"), blk)
-            target = self._target(node, shift)
-            blk.add(f"{target} = tl.where(({col} >= {start}) & ({col} < {end}), {inner}, 0.0)  # {key}")
+            src = tidy(f"{at} - {_paren(start)}")
+            inner = self.ev(node.args[0], src if step == 1 else tidy(f"({src}) // {step}"), blk)
+            hit = f"({at} >= {start}) & ({at} < {end})" + (f" & (({src}) % {step} == 0)" if step != 1 else "")
+            target = self._target(node, col)
+            blk.add(f"{target} = tl.where({hit}, {inner}, 0.0)  # {key}")
+            return target
+        if key == "aten.stack.default":  # stacked on a new last dim that a view flattens: interleaved columns
+            parts = node.args[0]
+            m, pair = len(parts), tidy(f"{at} // {len(parts)}")
+            expr = self.ev(parts[-1], pair, blk)
+            for k in range(m - 2, -1, -1):
+                expr = f"tl.where({at} % {m} == {k}, {self.ev(parts[k], pair, blk)}, {expr})"
+            target = self._target(node, col)
+            blk.add(f"{target} = {expr}  # {key}")
             return target
         # cat: each part owns a range of columns
-        parts, offset, expr = node.args[0], "0", None
+        parts, offset = node.args[0], "0"
         pieces = []
         for p in parts:
             width = self.ext(self.p.info[p].ext) if self.p.info[p].dc else "1"
-            pieces.append((offset, width, self.ev(p, at(f"-({offset})") if offset != "0" else shift, blk)))
+            pieces.append((offset, width, self.ev(p, tidy(f"{at} - ({offset})") if offset != "0" else col, blk)))
             offset = width if offset == "0" else f"{offset} + {width}"
         expr = pieces[-1][2]
         for off, width, val in reversed(pieces[:-1]):
             end = width if off == "0" else f"{off} + {width}"
-            expr = f"tl.where({col} < {end}, {val}, {expr})"
-        target = self._target(node, shift)
+            expr = f"tl.where({at} < {end}, {val}, {expr})"
+        target = self._target(node, col)
         blk.add(f"{target} = {expr}  # {key}")
         return target
 
@@ -239,11 +253,23 @@ class _Emitter:
         return pysrc(e, self.p.symbols) if e is not None else "n_cols"
 
 
-def _cols_at(shift: str) -> str:
-    """The column index moved by `shift` (a leading minus binds to its first term only)."""
-    if shift == "0":
-        return "cols"
-    return f"(cols - {shift[1:]})" if shift.startswith("-") else f"(cols + {shift})"
+COLS = "cols"  # a value at its own columns
+
+
+def _paren(col: str) -> str:
+    """A column expression as an operand: bracketed unless it is a name or already one bracketed group."""
+    if col.isidentifier():
+        return col
+    depth = 0
+    for k, ch in enumerate(col):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and k < len(col) - 1:
+            return f"({col})"
+    return col if col.startswith("(") else f"({col})"
+
+
+def _times(step: int, col: str) -> str:
+    return col if step == 1 else f"{step} * {col}"
 
 
 def _mask(e: _Emitter, i) -> str:
@@ -305,7 +331,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
                     parts.append((f"{r.name}_ninf", f"tl.max({r.name}_ninf, axis=1)[:, None].to(tl.float32)", "0"))
                 continue
             parts.append((f"{r.name}_acc", r.name, "0.0" if r.kind in ("sum", "mean") else _IDENTITY[r.kind]))
-            mask, v = _mask(e, si), e.ev(r.source, "0", body)
+            mask, v = _mask(e, si), e.ev(r.source, COLS, body)
             if r.kind == "mean":  # sum x / n, not (sum x) / n: a row of huge values must not overflow its sum
                 v = f"{v} * (1.0 / ({r.count}))"
             where = f"tl.where({mask}, {v}, {_IDENTITY[r.kind]})"
@@ -359,27 +385,28 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
     for o, node in zip(plan.outputs, plan.out_nodes):
         i = plan.info[node]
         if o.store == "full":
-            v = e.ev(node, "0", body)
+            v = e.ev(node, COLS, body)
             ext = e.ext(i.ext if i.dc else None)
             val = v if (i.dr and i.dc) else f"{v} + tl.zeros((BLOCK_R, BLOCK_C), tl.float32)"
-            body.add(f"tl.store({o.name}_ptr + rows * {ext} + cols, _to_dtype({val}, "
+            width = f"({ext})" if " + " in ext or " - " in ext else ext  # a row of L + 2*R columns
+            body.add(f"tl.store({o.name}_ptr + rows * {width} + cols, _to_dtype({val}, "
                      f"{o.name}_ptr.dtype.element_ty), mask=rmask & (cols < {ext}))")
         elif o.store == "row":
-            v = e.ev(node, "0", e.pre)
+            v = e.ev(node, COLS, e.pre)
             store = f"tl.store({o.name}_ptr + rows, _to_dtype({v}, {o.name}_ptr.dtype.element_ty), mask=rmask)"
             if split:
                 split_stores.append(f"{pad}    {store}")
             else:
                 after.append(pad + store)
         elif o.store == "scalar" and not o.in_epilogue:
-            v = e.ev(node, "0", e.head)
+            v = e.ev(node, COLS, e.head)
             after += [f"{pad}if pid == 0:", f"{pad}    tl.store({o.name}_ptr, _to_dtype({v}, "
                                                  f"{o.name}_ptr.dtype.element_ty))"]
     if split_stores:
         after += [f"{pad}if split_id == 0:", *split_stores]
     for r in plan.col_reductions:
         si = plan.info[r.source]
-        v = e.ev(r.source, "0", body)
+        v = e.ev(r.source, COLS, body)
         body.add(f"{r.name}_part = tl.sum(tl.where({_mask(e, si)}, {v}, 0.0), axis=0)[None, :]  "
                  f"# {op_name(r.node.target)}: this row block")
         if persistent:  # the whole row is one chunk: the program's row blocks add up in registers
@@ -393,7 +420,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
         kind = "sum" if r.kind == "mean" else r.kind
         combine = reduce_combine(kind, f"{r.name}_run", f"{r.name}_part")
         if si.dc:
-            v = e.ev(r.source, "0", body)
+            v = e.ev(r.source, COLS, body)
             where = f"tl.where({_mask(e, si)}, {v}, {_IDENTITY[kind]})"
             if persistent:
                 body.add(f"{r.name}_part = {block_reduce(kind, where)}  # {op_name(r.node.target)}")
@@ -403,7 +430,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
             body.add(f"{r.name}_acc = {reduce_combine(kind, f'{r.name}_acc', where)}")
             after.append(f"{pad}{r.name}_part = {block_reduce(kind, r.name + '_acc')}  # {op_name(r.node.target)}")
         else:
-            v = e.ev(r.source, "0", e.pre if si.dr else e.head)
+            v = e.ev(r.source, COLS, e.pre if si.dr else e.head)
             mask = "rmask" if si.dr else "rb == 0"  # a value with no rows counts once, in the first row block
             rows_v = f"tl.where({mask}, {v} + tl.zeros((BLOCK_R, 1), tl.float32), {_IDENTITY[kind]})"
             after.append(f"{pad}{r.name}_part = {block_reduce(kind, rows_v)}  # {op_name(r.node.target)}")
@@ -424,12 +451,12 @@ def _online_sum(e: _Emitter, plan: RowPlan, r, body, inits: list, after: list, p
     takes the two-walk form's value outright: exp(inf - inf) and exp(-inf + inf) are NaN, exp(inf - c) inf.
     Returns whether the walk also keeps `<sum>_ninf`, a flag per column that it met -inf."""
     m, n, inf, nan = r.online, r.name, "float('inf')", "float('nan')"
-    v, mask, mx = e.ev(m.source, "0", body), _mask(e, plan.info[m.source]), f"{m.name}_acc"
+    v, mask, mx = e.ev(m.source, COLS, body), _mask(e, plan.info[m.source]), f"{m.name}_acc"
     inits.append(f"{pad}{n}_acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)")
     body.add(f"{n}_rescale = tl.where({mx} == -{inf}, 1.0, tl.exp({m.name}_prev - {mx}))")
     body.add(f"{n}_acc = {n}_acc * {n}_rescale + tl.where({mask} & ({mx} != -{inf}), tl.exp({v} - {mx}), 0.0)")
     shift = _Block(len(pad) // 4, False)  # c after the walk, from the finished max
-    c = e.ev(r.shift, "0", shift)
+    c = e.ev(r.shift, COLS, shift)
     c = c if c.isidentifier() else f"({c})"
     after += shift.lines
     after.append(f"{pad}{n} = tl.sum(tl.where(({mx} > -{inf}) & ({mx} < {inf}), {n}_acc * tl.exp({mx} - {c}), "
@@ -568,12 +595,14 @@ def _column_kernel(plan: RowPlan, kname: str) -> tuple[str, list[str]]:
     for r in col:
         if r.kind == "mean":
             body.add(f"{r.name} = tl.div_rn({r.name}, ({r.count}) * 1.0)")
-        body.cache[(r.node, "0")] = r.name
+        body.cache[(r.node, COLS)] = r.name
     for o, node in col_outs:
-        v = e.ev(node, "0", body)
-        val = v if plan.info[node].dc else f"{v} + tl.zeros((1, BLOCK_C), tl.float32)"
+        v = e.ev(node, COLS, body)
+        i = plan.info[node]
+        val = v if i.dc else f"{v} + tl.zeros((1, BLOCK_C), tl.float32)"
+        width = e.ext(i.ext) if i.dc else "n_cols"  # a sum over a slice or a cat's part is narrower than a row
         body.add(f"tl.store({o.name}_ptr + cols, _to_dtype({val}, {o.name}_ptr.dtype.element_ty), "
-                 "mask=cols < n_cols)")
+                 f"mask=cols < {width})")
     text = "\n".join(head.lines + body.lines)
     params = ["colpart_ptr"] + [f"{o.name}_ptr" for o, _ in col_outs]
     params += [f"{a.name}_ptr" for a in plan.inputs if re.search(rf"\b{a.name}_ptr\b", text)]
@@ -615,33 +644,41 @@ def _cross_program(plan: RowPlan) -> list[str]:
     stores = []
     for o, node in zip(plan.outputs, plan.out_nodes):
         if o.store == "scalar" and o.in_epilogue:
-            v = e.ev(node, "0", epi)
+            v = e.ev(node, COLS, epi)
             stores.append(f"        tl.store({o.name}_ptr, _to_dtype({v}, {o.name}_ptr.dtype.element_ty))")
     return out + epi.lines + stores
 
 
 def _size_sources(names: dict, dims: dict) -> dict:
     """Each size argument -> where the launcher reads it: an input's dimension, or one divided by a constant
-    when the size only appears in a product ('G*32': G = weight.shape[1] // 32)."""
+    when the size only appears in a product or a sum ('G*32': G = weight.shape[1] // 32; 'L+R*2': R =
+    (w.shape[0] - L) // 2)."""
     out = {}
     for s, v in sorted(names.items(), key=lambda kv: str(kv[1])):
         if isinstance(v, str) and s in dims:
             out.setdefault(v, dims[s])
-    # a size that appears only in a product ('H*D' with D known): read off after the sizes it is divided by
+    # a size that appears only in a product or a sum ('H*D' with D known, 'L+R*2' with L known): solved for it
+    # once the others are read
     pending = [(s, v) for s, v in names.items() if isinstance(v, sympy.Basic) and s in dims]
     while pending:
         left = []
         for s, v in pending:
             unknown = [f for f in sorted(v.free_symbols, key=str) if str(f) not in out]
-            coeff = v / unknown[0] if len(unknown) == 1 else None
-            if coeff is not None and (coeff.is_Integer or coeff.is_Symbol):
-                out[str(unknown[0])] = f"{dims[s]} // {coeff}"
+            coeff = sympy.expand(v).coeff(unknown[0]) if len(unknown) == 1 else None
+            rest = sympy.expand(v - coeff * unknown[0]) if coeff is not None else None
+            if coeff is not None and coeff != 0 and unknown[0] not in coeff.free_symbols | rest.free_symbols:
+                src = dims[s] if rest == 0 else f"({dims[s]} - {_atomic(rest)})"
+                out[str(unknown[0])] = src if coeff == 1 else f"{src} // {_atomic(coeff)}"
             elif unknown:
                 left.append((s, v))
         if len(left) == len(pending):
             break
         pending = left
     return out
+
+
+def _atomic(e) -> str:
+    return str(e) if e.is_Atom else f"({e})"
 
 
 def _split_launch(plan: RowPlan, kname: str, args: list[str], dev: str) -> list[str]:

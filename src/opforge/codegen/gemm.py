@@ -23,7 +23,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage, bias_sums
-from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, op_name
+from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
 
@@ -668,7 +668,7 @@ def _components(nodes: list) -> list[list]:
 
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in part:
+            if a in part and not _widens(n, part):
                 part[root(a)] = root(n)
     space: dict = {}  # a group's root -> the shape it runs over: that of the largest value it reads or makes
     for n in nodes:
@@ -693,6 +693,23 @@ def _components(nodes: list) -> list[list]:
     for n in nodes:
         groups.setdefault(root(n), []).append(n)
     return list(groups.values())
+
+
+def _widens(n, members) -> bool:
+    """A reduction of a value computed in `members` viewed with wider rows (a linear's bias gradient summed over
+    (B·T, H·D) of a gradient computed per head as (B, T, H, D)): a row kernel walks rows of the value's own
+    width and cannot sum across them, so the reduction is a stage of its own that reads the value from memory."""
+    rule = OP_TABLE.get(op_name(n.target)) if n.op == "call_function" else None
+    if rule is None or rule.kind != REDUCTION:
+        return False
+    v, env = n.args[0], shape_env_of(n.graph.owning_module)
+    while v in members and v.op == "call_function" and OP_TABLE[op_name(v.target)].kind == VIEW:
+        src = v.args[0]
+        width = [hint(expr_of(x.meta["val"].shape[-1], env), env) if x.meta["val"].dim() else 1 for x in (v, src)]
+        if width[0] > width[1]:
+            return True
+        v = src
+    return False
 
 
 def _size_arg(size, placeholders: list, names: dict) -> str:

@@ -235,10 +235,11 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, * (1 / n)"),
     "aten.amax.default": OpRule(REDUCTION, None, True, "tl.max + atomic_max | ordered partials"),
     "aten.amin.default": OpRule(REDUCTION, None, True, "tl.min + atomic_min | ordered partials"),
-    # last-dimension slices and concatenations (row planner): loads at shifted columns
-    "aten.slice.Tensor": OpRule(SHIFT, None, True, "load at a column offset"),
+    # last-dimension slices, concatenations and interleaves (row planner): loads at moved columns
+    "aten.slice.Tensor": OpRule(SHIFT, None, True, "load at a column offset or stride"),
     "aten.cat.default": OpRule(SHIFT, None, True, "tl.where over column ranges"),
-    "aten.slice_backward.default": OpRule(SHIFT, None, True, "tl.where over a column range"),
+    "aten.slice_backward.default": OpRule(SHIFT, None, True, "tl.where over a column range or stride"),
+    "aten.stack.default": OpRule(SHIFT, None, True, "tl.where over interleaved columns"),
     # the column index: gather / scatter of one element per row become selects on it (codegen/decompose.py)
     "aten.arange.default": OpRule(COLUMN, None, True, "tl.arange (the column index)"),
     "aten.arange.start": OpRule(COLUMN, None, True, "tl.arange (the column index)"),

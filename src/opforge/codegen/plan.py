@@ -32,6 +32,7 @@ from opforge.codegen.ops import (
     op_name,
     upstream,
 )
+from opforge.codegen.symbolic import hint, shape_env_of
 from opforge.codegen.trace import AttrRef
 
 
@@ -249,7 +250,8 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     wanted = [results[i] for _, i in outputs]
 
     numels = {p: _numel(p.meta["val"]) for p in placeholders}
-    domain = max(numels.values(), key=lambda e: float(e.subs({s: 97 for s in e.free_symbols})))
+    env = shape_env_of(gm)
+    domain = max(numels.values(), key=lambda e: hint(e, env) or 0)  # the sizes it was traced at
 
     def is_full(node) -> bool:
         n = _numel(node.meta["val"])

@@ -18,8 +18,9 @@ chunk every loop runs once (persistent); otherwise values are recomputed chunk b
 (looped). Column and full reductions meet across programs (atomics, or ordered partials when deterministic)
 and the last program, found by an acq_rel ticket, finishes them: the scalar epilogue and column outputs.
 
-Slices and concatenations along the last dimension (rotate-half in RoPE, their backward `slice_backward`)
-are index shifts: a value is emitted at a column offset by re-emitting its inputs' loads at that offset.
+Slices, concatenations and interleaves along the last dimension (rotate-half and GPT-J's pairs in RoPE, their
+backward `slice_backward`) move columns: a value is emitted at a column expression (`cols + D // 2`,
+`2 * (cols // 2) + 1`) by re-emitting its inputs' loads there.
 """
 
 from __future__ import annotations
@@ -235,7 +236,9 @@ def _sizes_only(node) -> bool:
 
 def _iteration_space(graph: torch.fx.Graph, needed, env) -> list:
     """The shape of the largest needed value (most dimensions among equals); its last dim is the columns."""
-    tensors = [n for n in graph.nodes if n in needed and _is_tensor(n) and not _sizes_only(n)]
+    # a stack's shape is not a layout: the view that flattens it into the row is
+    tensors = [n for n in graph.nodes if n in needed and _is_tensor(n) and not _sizes_only(n)
+               and not (n.op == "call_function" and op_name(n.target) == "aten.stack.default")]
     big = max(tensors, key=lambda n: (_hint_numel(n, env), len(n.meta["val"].shape)))
     return shape_of(big, env) or [sympy.Integer(1)]
 
@@ -312,7 +315,9 @@ class _RowPlanner:
         m = self.map_input(node, pname)
         self.inputs.append(m)
         dc = m.col_stride == 1
-        self.info[node] = Info(m.layout in ("flat", "broadcast", "row"), dc, self.C if dc else None, 0)
+        narrow = dc and m.layout != "flat" and not same(m.shape[-1], self.C, self.env)
+        self.info[node] = Info(m.layout in ("flat", "broadcast", "row"), dc,
+                               (m.shape[-1] if narrow else self.C) if dc else None, 0)
 
     def map_input(self, node, pname: str) -> RowInput:
         """How an input lies on the iteration space: one value, a broadcast, or by its numel in flat order."""
@@ -332,16 +337,21 @@ class _RowPlanner:
             return RowInput(pname, i, False, "row", "rows", 0, shape)
         if same(numel, C, env):
             return RowInput(pname, i, False, "col", "0", 1, shape)
+        if shape and len(shape) <= len(space) and all(same(d, s, env) or same(d, sympy.Integer(1), env)
+                                                      for d, s in zip(shape[-2::-1], space[-2::-1])):
+            # narrower rows that broadcast onto the space (cos and sin of GPT-J's pairs, each half the row):
+            # read only at the columns a slice or an interleave moves them to
+            return self.broadcast_input(pname, i, shape, narrow=True)
         raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not map onto the iteration "
                               f"space {[str(d) for d in space]} (not a broadcast, nor one value per row or column)")
 
-    def broadcast_input(self, pname: str, i: int, shape: list) -> RowInput:
+    def broadcast_input(self, pname: str, i: int, shape: list, narrow: bool = False) -> RowInput:
         """An input that broadcasts onto the space: it differs by row where its row offset has terms."""
         env, space = self.env, self.space
         pad = len(space) - len(shape)
         terms = _row_offset_terms(shape, space, env, self.sym_names)
-        col = 1 if shape and not same(shape[-1], sympy.Integer(1), env) and len(shape) >= 1 and \
-            same(shape[-1], self.C, env) else 0
+        col = 1 if narrow or (shape and not same(shape[-1], sympy.Integer(1), env) and same(shape[-1], self.C, env)) \
+            else 0
         dr = bool(terms)
         if dr and col and pad == 0 and all(same(d, s, env) for d, s in zip(shape, space)):
             # the iteration space itself: rows one stride apart, so a row-strided view needs no copy
@@ -562,27 +572,48 @@ def _hint_numel(node, env) -> int:
 
 
 def _shift_info(node, key, info, env, combine) -> Info:
-    """slice / cat / slice_backward along the last dimension: the same rows, other columns."""
+    """slice / cat / slice_backward / stack along the last dimension: the same rows, other columns."""
+    rank = len(node.meta["val"].shape)
     if key == "aten.cat.default":
         parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
-        rank = len(node.meta["val"].shape)
         if dim % rank != rank - 1 or not all(info[p].dc for p in parts):
             raise Unsupported([key], f"{node.name} concatenates along a dimension other than the last")
         i = combine(node, parts, same_width=False)  # parts differ in width by design
         i.ext = product(shape_of(node, env)[-1:])
         return i
+    if key == "aten.stack.default":
+        return _interleave_info(node, key, info, env, combine)
     src = node.args[0]
-    rank = len(node.meta["val"].shape)
     dim = node.args[2 if key == "aten.slice_backward.default" else 1] if len(node.args) > 1 else 0
     step = node.args[5] if key == "aten.slice_backward.default" and len(node.args) > 5 else \
         (node.args[4] if len(node.args) > 4 else 1)
-    if dim % rank != rank - 1 or step != 1 or not info[src].dc:
-        raise Unsupported([key], f"{node.name} slices a dimension other than the last, or with a step")
+    if dim % rank != rank - 1 or not isinstance(step, int) or not info[src].dc:
+        raise Unsupported([key], f"{node.name} slices a dimension other than the last, or by a size-dependent step")
     old = shape_of(src, env)
     if not same(old[-1], info[src].ext, env):
         raise Unsupported([key], f"{node.name} slices a value whose last dimension is not its row")
     i = combine(node, [src])
     i.ext = shape_of(node, env)[-1]
+    return i
+
+
+def _interleave_info(node, key, info, env, combine) -> Info:
+    """stack(parts, -1) flattened into the row by its views (GPT-J's rotary pairs): column c of the row is
+    column c // m of part c % m, so the row is m times as wide as each part."""
+    parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+    shape = shape_of(node, env)
+    rank = len(shape)
+    flat = [*shape[:-2], shape[-2] * shape[-1]]
+
+    def flattens(u) -> bool:  # an output is stored in flat order, which is the flattened row's
+        return u.op == "output" or OP_TABLE[op_name(u.target)].kind == VIEW and len(shape_of(u, env)) == rank - 1 \
+            and all(same(a, b, env) for a, b in zip(shape_of(u, env), flat))
+
+    if dim % rank != rank - 1 or not all(info[p].dc for p in parts) or not all(map(flattens, node.users)):
+        raise Unsupported([key], f"{node.name} stacks along a dimension other than a new last one that a view "
+                                 "flattens into the row")
+    i = combine(node, parts)
+    i.ext = flat[-1]
     return i
 
 

@@ -89,10 +89,9 @@ class _Printer(StrPrinter):
     def _print_Rational(self, e):
         return f"({e.p} / {e.q})"
 
-
     def _print_floor(self, e):
         num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"({self._print(num)} // {self._print(den)})" if den != 1 else self._print(num)
+        return f"({self._operand(num)} // {self._operand(den)})" if den != 1 else self._print(num)
 
 
 def tidy(src: str) -> str:

@@ -24,6 +24,8 @@ from opforge.codegen.decompose import (
     drop_full_slices,
     factor_column_sums,
     fold_reshapes,
+    interleaved_gradients,
+    pairs_to_strided_slices,
     rewrite_inplace,
     rewrite_variance,
     sink_row_views,
@@ -227,9 +229,11 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         rewrite_variance(gm)
         rewrite_inplace(gm)
         split_to_slices(gm)
+        pairs_to_strided_slices(gm)
         drop_full_slices(gm)
         factor_column_sums(gm)
         fold_reshapes(gm)
+        interleaved_gradients(gm)  # after fold_reshapes: the sizes it compares are read off the views
         sink_row_views(gm)
     return g_a, g_b
 
