@@ -468,3 +468,16 @@ def test_an_einsum_the_engine_cannot_fuse_is_refused_by_name_at_stage_2(tmp_path
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("BLOCKED_API: torch.einsum('bnk,bkm->b') sums index n within one operand"), last
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("body, named", [
+    ("return torch.sort(F.linear(x, w), dim=-1).values", "aten.sort"),  # an op of two results after a product
+    # batch statistics per channel of (B, M, N): sums over B and N, not yet a row kernel's
+    ("return F.batch_norm(F.linear(x, w).transpose(1, 2), None, None, training=True)", "aten.mean.dim")])
+def test_work_after_a_product_the_engine_cannot_lower_is_refused_by_name(tmp_path, body, named):
+    from opforge.codegen.plan import Unsupported
+
+    path = _request(tmp_path, "after", {"x": ["B", "N", "K"], "w": ["M", "K"]}, body,
+                    {"B": 2, "N": 8, "K": 16, "M": 4})
+    with pytest.raises(Unsupported, match=named):
+        plan_request(load_request(path))

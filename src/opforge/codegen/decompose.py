@@ -31,7 +31,8 @@ DECOMPOSITIONS = get_decompositions([
     aten.softplus, aten.softplus_backward, aten.elu, aten.elu_backward, aten.hardsigmoid,
     aten.hardsigmoid_backward, aten.hardswish, aten.hardswish_backward, aten.mish, aten.mish_backward,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
-    aten.nll_loss_forward, aten.nll_loss_backward,
+    aten.nll_loss_forward, aten.nll_loss_backward, aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
 ])
 
 

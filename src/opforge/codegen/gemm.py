@@ -675,6 +675,8 @@ def _components(nodes: list) -> list[list]:
         r = root(n)
         for v in [n] + [a for a in n.all_input_nodes if not _symbolic(a)]:
             val = v.meta["val"]
+            if not isinstance(val, torch.Tensor):  # an op of several results: refused by name when planned
+                continue
             if r not in space or val.numel() > space[r].numel():
                 space[r] = val
     readers: dict = {}  # an outside input -> the groups reading it
