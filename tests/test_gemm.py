@@ -390,6 +390,23 @@ def test_mla_prolog_matches_float64_through_six_products_two_norms_and_two_ropes
     _check(req, impl, binding, dtype, max(binding.values()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glue_of_the_saved_inputs_alone_is_recomputed_where_it_is_read(tmp_path, dtype):
+    """A GELU (tanh) MLP with a residual: in the backward, GELU(h) at the saved pre-activation is read only by
+    dW2 = dyᵀ·GELU(h), so it is that product's prologue, and GELU'(h) is read only once dGELU = dy·W2 is known,
+    so the glue kernel after that product computes it again: neither is stored."""
+    path = _request(tmp_path, f"gelu_mlp_{str(dtype)[6:]}",
+                    {"x": ["N", "E"], "w1": ["F", "E"], "b1": ["F"], "w2": ["E", "F"], "b2": ["E"]},
+                    'return x + F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)',
+                    {"N": 16, "E": 24, "F": 40})
+    req, build, impl = _impl(path, tmp_path)
+    bwd = [s for s in build.backward.steps if isinstance(s, (GemmStage, GlueStage))]
+    assert [type(s).__name__ for s in bwd] == ["GlueStage", "GemmStage", "GemmStage", "GlueStage", "GemmStage",
+                                               "GemmStage"]  # db2's column sums first
+    assert list(bwd[2].prologues) == ["b"] and "saved_addmm" in bwd[3].inputs
+    _check(req, impl, {"N": 13, "E": 20, "F": 36}, dtype, 36)
+
+
 def test_products_sharing_an_operand_with_its_transpose(tmp_path):
     # x·xᵀ: both operands are x, one through a launcher transpose; its gradient g·x + gᵀ·x is two more
     path = _request(tmp_path, "gram", {"x": ["N", "K"]}, "return torch.tanh(x @ x.t())", {"N": 48, "K": 40})

@@ -357,6 +357,31 @@ def _depths(gm) -> dict:
     return depth
 
 
+def _sink(compute: list, depth: dict, needed: set) -> None:
+    """Pointwise glue computed from the pass's inputs alone and read only by glue of later depths is computed
+    there again instead of stored and loaded (a GELU's derivative at the saved pre-activation, needed only once
+    dh = dy·W2ᵀ is known): a few flops per element instead of a full-size write and read. Consumers first, so
+    that chains move together."""
+    def an_input(a) -> bool:  # an input of the pass, or a view of one
+        while a.op == "call_function" and a not in members and op_name(a.target) in HOST_VIEWS:
+            a = a.args[0]
+        return a.op == "placeholder"
+
+    members, pure = set(compute), set()
+    for n in compute:  # pointwise functions of the inputs (and sizes), through other such values
+        rule = OP_TABLE.get(op_name(n.target))
+        if rule is not None and rule.kind == POINTWISE and all(a in pure or _free(a) or an_input(a)
+                                                               for a in n.all_input_nodes):
+            pure.add(n)
+    for n in reversed(compute):
+        users = [u for u in n.users if u in needed and not _symbolic(u)]
+        if n not in pure or not users or any(u not in members for u in users):
+            continue
+        later = min(depth[u] for u in users)
+        if later > depth[n]:
+            depth[n] = later
+
+
 def _subgraph(nodes: list, inputs: list, outputs: list, names: dict, sizes: dict,
               tile: torch.Tensor | None = None) -> torch.fx.GraphModule:
     """The nodes as a graph of their own: `inputs` become placeholders (named as in the pass), `outputs` its
@@ -450,6 +475,7 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     compute = [n for n in graph.nodes if n in needed and n.op == "call_function" and n not in host
                and op_name(n.target) not in STAGES and not _stage_item(n) and not _free(n)]
     products = [n for n in graph.nodes if n in needed and n.op == "call_function" and op_name(n.target) in STAGES]
+    _sink(compute, depth, needed)
     steps: list = []
     done: set = set(placeholders)
     count = iter(range(len(graph.nodes)))  # names the kernels: {name}_0, {name}_1, ...
