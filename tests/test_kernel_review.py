@@ -57,6 +57,25 @@ def test_lint_finds_a_ticket_without_barrier_and_int32_grid_offsets(before, boun
     assert all(f["function"] == "k" and f["line"] > 0 for f in found)
 
 
+SPLIT_TICKET = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def k(partials_ptr, tickets_ptr, acc, SPLIT_K: tl.constexpr):
+    tile, split = tl.program_id(0), tl.program_id(1)
+    tl.store(partials_ptr + tile.to(tl.int64) * SPLIT_K + split, acc)
+    {before}
+    return tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+"""
+
+
+@pytest.mark.parametrize("before, rules", [("pass", ["KL-TICKET-BARRIER"]), ("tl.debug_barrier()", [])])
+def test_a_tiles_ticket_among_its_k_splits_needs_the_barrier_too(before, rules):
+    assert [f["rule"] for f in lint_source(SPLIT_TICKET.format(before=before))] == rules
+
+
 def test_int32_offset_rule_spares_bounded_products():
     src = textwrap.dedent("""
         import triton

@@ -34,8 +34,9 @@ def _is_atomic(call: ast.Call) -> bool:
 # ------------------------------------------------------------------ memory ordering
 
 def ticket_without_barrier(fn: ast.FunctionDef) -> list[tuple[int, str]]:
-    """A ticket is an atomic whose result is compared with the program count. Before one thread takes it,
-    `tl.debug_barrier()` must make every warp issue its stores and atomics, with none between the two."""
+    """A ticket is an atomic whose result is compared for equality: with the program count (the last program
+    of a grid), or with the number of programs that share a tile (split-K's last split). Before one thread takes
+    it, `tl.debug_barrier()` must make every warp issue its stores and atomics, with none between the two."""
     atomics_of = {}  # name -> the atomic call assigned to it
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _is_atomic(node.value):
@@ -44,7 +45,7 @@ def ticket_without_barrier(fn: ast.FunctionDef) -> list[tuple[int, str]]:
                     atomics_of[t.id] = node.value
     tickets = []
     for cmp in [n for n in ast.walk(fn) if isinstance(n, ast.Compare)]:
-        if not _calls(cmp, "num_programs"):
+        if not any(isinstance(op, ast.Eq) for op in cmp.ops):
             continue
         for side in [cmp.left, *cmp.comparators]:
             if isinstance(side, ast.Call) and _is_atomic(side):
