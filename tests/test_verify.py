@@ -259,3 +259,39 @@ def test_a_rounded_product_may_land_on_either_side_of_a_step_its_float64_argumen
     assert moved == int(crossed.sum()) and abs(float(wrong[i, j]) - float(truth[i, j])) > scale / 2
     # a reference that rounds nothing is run once, as it is
     assert shifted_runs(lambda: {"out": x * 2}, step_rel(512)) is None
+
+
+def test_a_bfloat16_convolution_rounded_by_the_library_bounds_the_silu_gradient_after_it():
+    """A depthwise convolution then SiLU, in bfloat16: the kernel's SiLU derivative starts from the library's
+    bfloat16 output, and where that output lies near SiLU's stationary point (-1.278) half an ulp moves the
+    derivative by far more than the dtype's tolerance. The float64 runs with the convolution's result moved by
+    ±half an ulp span what that rounding can do; a value off by more stays an error."""
+    import torch.nn.functional as F
+
+    from opforge.verify.steps import ShiftedLibrary, library_rel, library_truth, shifted_runs
+
+    x = torch.linspace(-3.0, 3.0, 97, dtype=torch.float64).view(1, 1, 97)
+    w = torch.tensor([[[0.4263]]], dtype=torch.float64)
+
+    def silu_grad(inp):  # d silu(conv(x)) / d conv(x), as the backward's glue computes it
+        y = F.conv1d(inp, w)
+        s = torch.sigmoid(y)
+        return {"g": s * (1 + y * (1 - s))}
+
+    rel = library_rel(torch.bfloat16)
+    assert rel == 2.0 ** -8 and library_rel(torch.float32) == 0.0
+    t64 = silu_grad(x)["g"]
+    y16 = F.conv1d(x.bfloat16().float(), w.float()).bfloat16().float()  # the library's rounded output
+    s = torch.sigmoid(y16)
+    actual = s * (1 + y16 * (1 - s))  # the glue, exactly, from there
+    rel_err = ((actual.double() - t64).abs() / t64.abs()).max()
+    assert rel_err > 0.016  # beyond bfloat16's rtol: the rounding, not the kernel
+    runs = shifted_runs(lambda: silu_grad(x), rel, probe=lambda: silu_grad(x), shift=ShiftedLibrary)
+    truth, inside = library_truth(actual, t64, [r["g"] for r in runs])
+    assert inside > 0 and ((actual.double() - truth).abs() <= 1e-6 * (1 + t64.abs())).all()
+    wrong = actual.clone()
+    wrong[0, 0, 48] += 0.05
+    truth, _ = library_truth(wrong, t64, [r["g"] for r in runs])
+    assert abs(float(wrong[0, 0, 48]) - float(truth[0, 0, 48])) > 0.04
+    # no library call, no extra runs
+    assert shifted_runs(lambda: {"g": torch.sigmoid(x)}, rel, shift=ShiftedLibrary) is None

@@ -38,7 +38,7 @@ import torch
 from opforge.request import dim_size
 from opforge.verify.inputs import edge_values, fresh_seed, make_tensor, with_edges
 from opforge.verify.metrics import compare, ulp_distance
-from opforge.verify.steps import shifted_runs, step_rel, step_truth
+from opforge.verify.steps import ShiftedLibrary, library_rel, library_truth, shifted_runs, step_rel, step_truth
 from opforge.verify.tolerance import Tolerance, parse_dtype, tolerance_for
 
 RECORD_ENV = "OPFORGE_PRECISION_RECORD"  # a JSONL file that every checked case is appended to
@@ -234,11 +234,16 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
     n_elements = max((t.numel() for t in tensors), default=0)
     inexact = [n for n in produced if n not in spec.get("exact_outputs", [])]
     reduced = max((reduced_elems(n, spec, case["binding"], n_elements) for n in inexact), default=1)
-    steps = None
-    if inexact:  # the forward alone says whether the reference rounds at all
-        steps = shifted_runs(lambda: _golden_in(torch.float64, golden, tensors, g_outs, attrs, grad_inputs),
-                             step_rel(reduced),
-                             probe=lambda: golden.forward(*tensors, compute_dtype=torch.float64, **attrs))
+    steps = library = None
+    if inexact:  # the forward alone says whether the reference rounds, or calls the library, at all
+        def run64():
+            return _golden_in(torch.float64, golden, tensors, g_outs, attrs, grad_inputs)
+
+        def probe():
+            return golden.forward(*tensors, compute_dtype=torch.float64, **attrs)
+        steps = shifted_runs(run64, step_rel(reduced), probe=probe)
+        if library_rel(dtype):
+            library = shifted_runs(run64, library_rel(dtype), probe=probe, shift=ShiftedLibrary)
     results = []
     for name, actual in produced.items():
         t64, t32 = wanted[name]
@@ -256,9 +261,11 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
             walk = 2.0 * math.sqrt(k) * torch.finfo(torch.float32).eps * _finite_max_abs(t64) if k > 1 else 0.0
             tol = Tolerance(base.atol + 4.0 * ref_err + 10.0 * spread.get(name, 0.0) + walk, base.rtol)
             truth, stepped = step_truth(actual, t64, [run[name] for run in steps]) if steps else (t64, 0)
+            truth, rounded = library_truth(actual, truth, [run[name] for run in library]) if library else (truth, 0)
             truth, overflow, parted = overflow_truth(actual, truth, t32)
             res = compare(actual, truth, tol, inputs=named_inputs, name=name)
             res["rounding_step_positions"] = stepped
+            res["library_rounding_positions"] = rounded
             res["float32_overflow_positions"] = int(overflow.sum())
             res["float32_path_positions"] = int(parted.sum())
             res["reference_fp32_error"] = ref_err
