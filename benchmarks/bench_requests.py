@@ -2,8 +2,11 @@
 all seven stages as a first run does (`opforge op run --quick`), one after another: whether it builds, where it
 stops and why, the precision cases passed, and how long it took. Prints a table; asserts nothing.
 `benchmarks/requests/` holds them (an ALiBi with learned slopes, a softcap, a relative bias, grouped heads by
-repeat_interleave in einsums, a linear with a static and one with a dynamic quantizing epilogue, two products
-sharing their input, norm-projection-rotary chains, a linear with a residual LayerNorm).
+repeat_interleave in einsums, cross attention, a causal self-attention block from a fused QKV projection to the
+output projection, a linear with a static and one with a dynamic quantizing epilogue, two products sharing their
+input, a low-rank adapter, norm-projection-rotary chains with rotate-half and with GPT-J's interleaved pairs, a
+fused latent-and-rotary projection declared "L+R*2", a linear with a residual LayerNorm, a log-softmax head, a
+GELU MLP, a Mamba-style depthwise convolution then SiLU, a transposed convolution).
 
     .venv/bin/python benchmarks/bench_requests.py [NAME ...] [--json FILE]
 """

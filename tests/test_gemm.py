@@ -278,16 +278,20 @@ def test_a_norm_projection_split_into_heads_then_rotated(tmp_path, dtype):
 _PAIRS = {"requires_grad": False, "range": [-1.0, 1.0]}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interleaved_rotary_pairs_after_a_biased_projection(tmp_path, dtype):
-    """GPT-J's rotary: the pairs are the even and odd columns (y[..., 0::2], y[..., 1::2]), rotated and
-    interleaved again by stack(..., -1).flatten(-2). Both are column moves of one glue kernel; their gradient
-    (a sum of strided slice_backwards) is the same interleave, and the bias's gradient, summed over rows of
-    all the heads, is a kernel of its own."""
-    d = _request(tmp_path, f"gptj_rope_{str(dtype)[6:]}",
-                 {"x": ["T", "C"], "w": ["H*E*2", "C"], "b": ["H*E*2"], "cos": ["T", "E"], "sin": ["T", "E"]},
-                 "y = F.linear(x, w, b).view(x.shape[0], -1, cos.shape[-1] * 2)\n"
-                 "y1, y2 = y[..., 0::2], y[..., 1::2]\n"
+@pytest.mark.parametrize("pairs, bias, dtype", [
+    ("y1, y2 = y[..., 0::2], y[..., 1::2]", True, torch.float32),
+    ("y1, y2 = y[..., 0::2], y[..., 1::2]", True, torch.bfloat16),
+    ("p = y.view(*y.shape[:-1], -1, 2)\ny1, y2 = p[..., 0], p[..., 1]", False, torch.float32)])
+def test_interleaved_rotary_pairs_after_a_projection(tmp_path, pairs, bias, dtype):
+    """GPT-J's rotary: the pairs are the even and odd columns (y[..., 0::2] and y[..., 1::2], or the elements
+    of y.view(..., -1, 2)), rotated and interleaved again by stack(..., -1).flatten(-2). Both are column moves of
+    one glue kernel; their gradient (a sum of strided slice_backwards or select_backwards) is the same
+    interleave, and a bias's gradient, summed over rows of all the heads, is a kernel of its own."""
+    inputs = {"x": ["T", "C"], "w": ["H*E*2", "C"], "b": ["H*E*2"], "cos": ["T", "E"], "sin": ["T", "E"]}
+    if not bias:
+        inputs.pop("b")
+    d = _request(tmp_path, f"gptj_rope_{str(dtype)[6:]}", inputs,
+                 f"y = F.linear(x, w{', b' if bias else ''}).view(x.shape[0], -1, cos.shape[-1] * 2)\n{pairs}\n"
                  "c, s = cos[:, None], sin[:, None]\n"
                  "return torch.stack([y1 * c - y2 * s, y1 * s + y2 * c], dim=-1).flatten(-2)",
                  {"T": 12, "C": 24, "H": 3, "E": 4}, extra=dict.fromkeys(("cos", "sin"), _PAIRS))
@@ -295,24 +299,9 @@ def test_interleaved_rotary_pairs_after_a_biased_projection(tmp_path, dtype):
     (rope,) = build.forward.glue
     src = Path(impl.__file__).read_text()
     assert "tl.where(cols % 2 == 0, " in src and "slice_backward" not in src  # interleaved, both ways
-    assert len(build.backward.glue) == 2  # the rotary's gradient, then the bias's column sums of it
-    _check(req, impl, {"T": 12, "C": 24, "H": 3, "E": 4}, dtype, 24)
-
-
-def test_rotary_pairs_taken_from_a_view_of_the_last_dimension(tmp_path):
-    """The pairs as x.view(..., -1, 2)[..., 0] and [..., 1] (each the strided slice x[..., k::2]) and put back
-    with reshape: the same kernel as with slices."""
-    d = _request(tmp_path, "pairs_rope",
-                 {"x": ["T", "C"], "w": ["H*E*2", "C"], "cos": ["T", "E"], "sin": ["T", "E"]},
-                 "y = (x @ w.t()).view(x.shape[0], -1, cos.shape[-1] * 2)\n"
-                 "p = y.view(*y.shape[:-1], -1, 2)\n"
-                 "y1, y2 = p[..., 0], p[..., 1]\n"
-                 "c, s = cos[:, None], sin[:, None]\n"
-                 "return torch.stack([y1 * c - y2 * s, y1 * s + y2 * c], dim=-1).reshape(y.shape)",
-                 {"T": 10, "C": 16, "H": 2, "E": 6}, extra=dict.fromkeys(("cos", "sin"), _PAIRS))
-    req, build, impl = _impl(d, tmp_path)
     assert "aten.select.int" not in str(build.traced.forward.graph)
-    _check(req, impl, {"T": 10, "C": 16, "H": 2, "E": 6}, torch.float32, 16)
+    assert len(build.backward.glue) == 1 + bias  # the rotary's gradient, then the bias's column sums of it
+    _check(req, impl, {"T": 11, "C": 24, "H": 3, "E": 5}, dtype, 24)
 
 
 def test_a_fused_latent_and_rotary_projection_declared_as_a_sum_of_sizes(tmp_path):
