@@ -135,6 +135,53 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
     _finish(state, as_json)
 
 
+@op_app.command("plan")
+def op_plan(request_dir: Path = typer.Argument(..., help="folder with request.yaml and the reference"),
+            cost: bool = typer.Option(True, "--cost/--no-cost", help="the cost model at the P0 shapes (runs the "
+                                      "reference eagerly; --no-cost answers faster)"),
+            as_json: bool = typer.Option(False, "--json")):
+    """Whether the engine can build a reference: stages 1-2 in memory, no workspace. Exit 0 with the kernel
+    plan and the cost model; exit 2 naming every op it cannot lower."""
+    import time
+
+    from opforge.codegen.build import kernels_of
+    from opforge.request import load_request
+    from opforge.skills.op_api.stage import explore
+    from opforge.skills.op_design.stage import plan_summary
+    from opforge.skills.op_requirement.stage import build_spec
+
+    start = time.perf_counter()
+    try:
+        req = load_request(request_dir)
+        _, traced = build_spec(req)
+        report, build = explore(req, traced, with_cost=cost)
+    except InputError as exc:
+        _fail_input(exc, as_json)
+    passes = {name: [plan_summary(k) for k in kernels_of(plan)]
+              for name, plan in (("forward", build and build.forward), ("backward", build and build.backward)) if plan}
+    out = {"op": req.name, "buildable": build is not None, "unsupported": report["unsupported"],
+           "reason": report["unsupported_reason"], "kernels": passes, "cost": report["cost"],
+           "seconds": round(time.perf_counter() - start, 2)}
+    if as_json:
+        typer.echo(json.dumps(out, indent=2, default=str))
+    else:
+        for name, kernels in passes.items():
+            layouts = ", ".join(f"{k['kernel']} ({k['layout']})" for k in kernels)
+            typer.echo(f"{name}: {len(kernels)} kernel(s): {layouts}")
+        for c in out["cost"]:
+            for p in ("forward", "backward"):
+                if p in c:
+                    x = c[p]
+                    typer.echo(f"{c['binding']} {c['dtype']} {p}: {x['fused_kernels']} launch(es) instead of eager's "
+                               f"{x['eager_kernels']}, {x['fused_bytes']:,} bytes instead of {x['eager_bytes']:,}, "
+                               f"{x['roofline']['bound']}-bound")
+    if build is None:  # as `op run` would end at stage 2
+        typer.echo(f"BLOCKED_API: {out['reason']}: {', '.join(out['unsupported'])}", err=True)
+        raise typer.Exit(2)
+    if not as_json:
+        typer.echo(f"{req.name}: the engine builds it ({out['seconds']} s)")
+
+
 @op_app.command("resume")
 def op_resume(ws_dir: Path = typer.Argument(..., help="workspace folder"),
               engine: str = typer.Option(None, "--engine", help="switch engine: deterministic | llm | auto | host"),

@@ -290,8 +290,10 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
     return "\n".join(lines)
 
 
-def run(ws: Workspace, req: Request, state) -> StageOutcome:
-    traced = trace_request(req)
+def explore(req: Request, traced=None, with_cost: bool = True) -> tuple[dict, object]:
+    """Stage 2 in memory: every op of both graphs mapped to Triton, the plan (None when the engine cannot build
+    the request) and, with `with_cost`, the cost model at the P0 shapes. Returns (report, build)."""
+    traced = traced or trace_request(req)
     rows = _op_rows(traced)
     graphs = [traced.forward] + ([traced.backward_graph] if traced.joint is not None else [])
     unsupported = sorted({op for g in graphs for op in unsupported_ops(g.graph)})
@@ -308,14 +310,20 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
             if problem:
                 unsupported, why = [f"torch.einsum({eq!r})"] + unsupported, f"torch.einsum({eq!r}) {problem}; {why}"
                 break
-    cost = cost_model(req, traced, build) if build else []
+    cost = cost_model(req, traced, build) if build and with_cost else []
     report = {"op_name": req.name, "ops": rows, "unsupported": unsupported, "unsupported_reason": why if unsupported
               else None, "cost": cost,
               "supported_views": sorted(k for k, r in OP_TABLE.items() if r.kind == VIEW)}
+    return report, build
+
+
+def run(ws: Workspace, req: Request, state) -> StageOutcome:
+    report, build = explore(req)
+    unsupported, why = report["unsupported"], report["unsupported_reason"]
     write_json_atomic(ws.path("api_report.json"), report)
-    write_text_atomic(ws.path("API_REPORT.md"), _md(req, rows, unsupported, why, cost, build))
+    write_text_atomic(ws.path("API_REPORT.md"), _md(req, report["ops"], unsupported, why, report["cost"], build))
     if unsupported:
         return StageOutcome("blocked", f"{why}: {', '.join(unsupported)}",
                             artifacts=["API_REPORT.md", "api_report.json"])
-    return StageOutcome("completed", f"{len(rows)} ATen ops mapped to Triton, none unsupported",
+    return StageOutcome("completed", f"{len(report['ops'])} ATen ops mapped to Triton, none unsupported",
                         artifacts=["API_REPORT.md", "api_report.json"])
