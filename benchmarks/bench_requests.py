@@ -4,10 +4,10 @@ stops and why, the precision cases passed, and how long it took. Prints a table;
 `benchmarks/requests/` holds them (an ALiBi with learned slopes, a softcap, a relative bias, grouped heads by
 repeat_interleave in einsums, cross attention, a causal self-attention block from a fused QKV projection to the
 output projection, multi-query attention broadcast by matmul, a linear with a static, a dynamic and a per-group
-quantizing epilogue, two products sharing their
-input, a low-rank adapter, norm-projection-rotary chains with rotate-half and with GPT-J's interleaved pairs, a
-fused latent-and-rotary projection declared "L+R*2", a linear with a residual LayerNorm, a log-softmax head, a
-GELU MLP, a Mamba-style depthwise convolution then SiLU, a transposed convolution).
+quantizing epilogue, two products sharing their input, a low-rank adapter, norm-projection-rotary chains with
+rotate-half and with GPT-J's interleaved pairs, a fused latent-and-rotary projection declared "L+R*2", a linear
+with a residual LayerNorm, a log-softmax head, a GELU MLP, a Mamba-style depthwise convolution then SiLU, a
+transposed convolution).
 
     .venv/bin/python benchmarks/bench_requests.py [NAME ...] [--json FILE]
 """

@@ -216,7 +216,9 @@ class StagedPlan(PlanOfParts):
 
     @property
     def kernels(self) -> list:
-        return self.gemms + self.attentions + [k for p in self.glue for k in p.kernels]
+        """The pass's Triton kernels in launch order (a library stage launches none of them)."""
+        return [k for s in self.steps for k in ([s] if isinstance(s, (GemmStage, AttentionStage)) else
+                                                s.plan.kernels if isinstance(s, GlueStage) else [])]
 
     @property
     def libraries(self) -> list:
