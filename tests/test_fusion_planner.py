@@ -253,3 +253,15 @@ def test_a_power_of_zero_is_one_at_inf_and_nan_too(tmp_path):
     impl = load_impl(tmp_path / "pow_zero_impl.py", generate_impl(req, plan_request(req)))
     x = torch.tensor([float("-inf"), float("nan"), -0.0, 0.0, -1.5, 2.0, float("inf"), -3e38])
     torch.testing.assert_close(impl.pow_zero(x), x.pow(0) + x.pow(2), equal_nan=True)
+
+
+def test_a_nan_constant_of_a_decomposition_is_a_constant_not_an_attribute(tmp_path):
+    """kl_div's decomposition holds a NaN (where target is 0 it takes 0 instead of 0·log 0): the two traces the
+    attributes are found by both hold it, and NaN ≠ NaN must not read as a constant that follows an attribute."""
+    from test_gemm import _check, _impl, _request
+
+    path = _request(tmp_path, "kl", {"inp": ["N", "V"], "target": ["N", "V"]},
+                    'return F.kl_div(inp, target, reduction="batchmean")', {"N": 8, "V": 64},
+                    extra={"target": {"requires_grad": False, "range": [0.0, 1.0]}})
+    req, _, impl = _impl(path, tmp_path)
+    _check(req, impl, {"N": 5, "V": 48}, torch.float32, 240)

@@ -61,3 +61,19 @@ def test_a_bad_request_exits_2_with_one_line(tmp_path):
     res = CliRunner().invoke(app, ["op", "plan", str(req)])
     assert res.exit_code == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "categroy" in res.stderr
+
+
+def test_several_requests_are_answered_in_one_process_each_with_its_verdict(tmp_path):
+    good = tmp_path / "linear_gelu"
+    shutil.copytree(ROOT / "examples" / "linear_gelu", good)
+    bad = tmp_path / "bad"
+    shutil.copytree(ROOT / "examples" / "linear_gelu", bad)
+    (bad / "request.yaml").write_text((bad / "request.yaml").read_text().replace("category:", "categroy:"))
+    res = CliRunner().invoke(app, ["op", "plan", str(good), str(ROOT / "examples" / "rms_norm"), str(bad),
+                                   "--no-cost", "--json"])
+    assert res.exit_code == 2  # one of them is not a request the engine can build
+    out = json.loads(res.stdout)
+    assert [r.get("op") for r in out] == ["linear_gelu", "rms_norm", None]
+    assert out[0]["buildable"] and out[1]["buildable"] and "categroy" in out[2]["error"]
+    assert all(r["seconds"] > 0 for r in out[:2])
+    assert res.stderr.strip().splitlines()[-1] == f"2 of 3 build; not: {bad}"

@@ -296,3 +296,17 @@ def test_size_safe_cross_entropy_is_torchs_and_defers_what_it_does_not_cover(kw)
     with SizeSafeFunctionals():
         got = F.cross_entropy(x, t, **kw)
     torch.testing.assert_close(got, F.cross_entropy(x, t, **kw), rtol=1e-12, atol=0)
+
+
+def test_two_dimensions_of_one_size_divide_by_a_product_the_gpu_compiler_takes(tmp_path):
+    """A square input's mean divides by N·N: written N*N, never N**2, which the interpreter runs and Triton's
+    compiler refuses (no ** on integers)."""
+    from test_gemm import _check, _impl, _request
+
+    path = _request(tmp_path, "square", {"x": ["N", "N"]}, "return x - x.mean()", {"N": 16})
+    req, _, impl = _impl(path, tmp_path)
+    jit = [f for f in ast.parse(Path(impl.__file__).read_text()).body if isinstance(f, ast.FunctionDef)
+           and any("jit" in ast.unparse(d) for d in f.decorator_list)]
+    assert jit and not [n for f in jit for n in ast.walk(f) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow)]
+    assert any("N * N" in ast.unparse(f) for f in jit)
+    _check(req, impl, {"N": 13}, torch.float32, 169)

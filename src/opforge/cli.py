@@ -135,13 +135,9 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
     _finish(state, as_json)
 
 
-@op_app.command("plan")
-def op_plan(request_dir: Path = typer.Argument(..., help="folder with request.yaml and the reference"),
-            cost: bool = typer.Option(True, "--cost/--no-cost", help="the cost model at the P0 shapes (runs the "
-                                      "reference eagerly; --no-cost answers faster)"),
-            as_json: bool = typer.Option(False, "--json")):
-    """Whether the engine can build a reference: stages 1-2 in memory, no workspace. Exit 0 with the kernel
-    plan and the cost model; exit 2 naming every op it cannot lower."""
+def _plan_one(request_dir: Path, cost: bool) -> dict:
+    """Stages 1-2 of one request in memory: its kernel plan and cost model, or what the engine cannot lower.
+    Raises InputError for a bad request."""
     import time
 
     from opforge.codegen.build import kernels_of
@@ -151,35 +147,59 @@ def op_plan(request_dir: Path = typer.Argument(..., help="folder with request.ya
     from opforge.skills.op_requirement.stage import build_spec
 
     start = time.perf_counter()
-    try:
-        req = load_request(request_dir)
-        _, traced = build_spec(req)
-        report, build = explore(req, traced, with_cost=cost)
-    except InputError as exc:
-        _fail_input(exc, as_json)
+    req = load_request(request_dir)
+    _, traced = build_spec(req)
+    report, build = explore(req, traced, with_cost=cost)
     passes = {name: [plan_summary(k) for k in kernels_of(plan)]
               for name, plan in (("forward", build and build.forward), ("backward", build and build.backward)) if plan}
-    out = {"op": req.name, "buildable": build is not None, "unsupported": report["unsupported"],
-           "reason": report["unsupported_reason"], "kernels": passes, "cost": report["cost"],
-           "seconds": round(time.perf_counter() - start, 2)}
+    return {"op": req.name, "request": str(request_dir), "buildable": build is not None,
+            "unsupported": report["unsupported"], "reason": report["unsupported_reason"], "kernels": passes,
+            "cost": report["cost"], "seconds": round(time.perf_counter() - start, 2)}
+
+
+@op_app.command("plan")
+def op_plan(request_dirs: list[Path] = typer.Argument(..., help="folders with request.yaml and the reference"),
+            cost: bool = typer.Option(True, "--cost/--no-cost", help="the cost model at the P0 shapes (runs the "
+                                      "reference eagerly; --no-cost answers faster)"),
+            as_json: bool = typer.Option(False, "--json")):
+    """Whether the engine can build references: stages 1-2 in memory, no workspace. Exit 0 with each kernel
+    plan and cost model; exit 2 naming every op it cannot lower (or, for several requests, when any fails)."""
+    results = []
+    for d in request_dirs:
+        try:
+            results.append(_plan_one(d, cost))
+        except InputError as exc:
+            if len(request_dirs) == 1:
+                _fail_input(exc, as_json)
+            results.append({"request": str(d), "buildable": False, "error": f"{exc.where}: {exc.what}"})
     if as_json:
-        typer.echo(json.dumps(out, indent=2, default=str))
-    else:
-        for name, kernels in passes.items():
-            layouts = ", ".join(f"{k['kernel']} ({k['layout']})" for k in kernels)
-            typer.echo(f"{name}: {len(kernels)} kernel(s): {layouts}")
-        for c in out["cost"]:
-            for p in ("forward", "backward"):
-                if p in c:
-                    x = c[p]
-                    typer.echo(f"{c['binding']} {c['dtype']} {p}: {x['fused_kernels']} launch(es) instead of eager's "
-                               f"{x['eager_kernels']}, {x['fused_bytes']:,} bytes instead of {x['eager_bytes']:,}, "
-                               f"{x['roofline']['bound']}-bound")
-    if build is None:  # as `op run` would end at stage 2
-        typer.echo(f"BLOCKED_API: {out['reason']}: {', '.join(out['unsupported'])}", err=True)
+        typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=str))
+    for out in results:
+        if "error" in out:
+            typer.echo(f"{out['request']}: error: {out['error']}", err=as_json)
+            continue
+        if not as_json and len(results) == 1:
+            for name, kernels in out["kernels"].items():
+                layouts = ", ".join(f"{k['kernel']} ({k['layout']})" for k in kernels)
+                typer.echo(f"{name}: {len(kernels)} kernel(s): {layouts}")
+            for c in out["cost"]:
+                for p in ("forward", "backward"):
+                    if p in c:
+                        x = c[p]
+                        typer.echo(f"{c['binding']} {c['dtype']} {p}: {x['fused_kernels']} launch(es) instead of "
+                                   f"eager's {x['eager_kernels']}, {x['fused_bytes']:,} bytes instead of "
+                                   f"{x['eager_bytes']:,}, {x['roofline']['bound']}-bound")
+        if not out["buildable"]:  # alone, the last line is `op run`'s
+            blocked = f"BLOCKED_API: {out['reason']}: {', '.join(out['unsupported'])}"
+            typer.echo(blocked if len(results) == 1 else f"{out['op']}: {blocked} ({out['seconds']} s)", err=True)
+            continue
+        kernels = " + ".join(str(len(k)) for k in out["kernels"].values())
+        typer.echo(f"{out['op']}: builds it, {kernels} kernel(s) ({out['seconds']} s)", err=as_json)
+    failed = [r.get("op", r["request"]) for r in results if not r["buildable"]]
+    if failed:
+        if len(results) > 1:
+            typer.echo(f"{len(results) - len(failed)} of {len(results)} build; not: {', '.join(failed)}", err=True)
         raise typer.Exit(2)
-    if not as_json:
-        typer.echo(f"{req.name}: the engine builds it ({out['seconds']} s)")
 
 
 @op_app.command("resume")

@@ -89,6 +89,13 @@ class _Printer(StrPrinter):
     def _print_Rational(self, e):
         return f"({e.p} / {e.q})"
 
+    def _print_Pow(self, e):
+        # N**2 (two dimensions of one size): Triton's compiler has no ** on integers, so a product of factors
+        base, exp = e.args
+        if exp.is_Integer and 1 < int(exp) <= 8:
+            return "*".join([self._operand(base)] * int(exp))
+        return super()._print_Pow(e)
+
     def _print_floor(self, e):
         num, den = sympy.fraction(sympy.together(e.args[0]))
         return f"({self._operand(num)} // {self._operand(den)})" if den != 1 else self._print(num)

@@ -9,6 +9,7 @@ from one, which a kernel cannot follow; that is refused with the attribute named
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -251,7 +252,7 @@ def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.Grap
     def bind(a, b):
         if isinstance(a, (list, tuple)):
             return type(a)(bind(x, y) for x, y in zip(a, b))
-        if isinstance(a, float) and isinstance(b, float) and a != b:
+        if isinstance(a, float) and isinstance(b, float) and a != b and not (math.isnan(a) and math.isnan(b)):
             for name, (d, p) in floats.items():
                 if a == d and b == p:
                     used.add(name)
