@@ -225,8 +225,10 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         outs = run_reference(req, fn, tensors, defaults)
         args += [torch.randn_like(o) for o in outs]
     g_a = _make_fx(req, build(defaults, forwards and forwards[0]), args)
-    g_b = _make_fx(req, build(moved, forwards and forwards[1]), args)
-    for gm in (g_a, g_b):  # the same rewrites on both keep their nodes in step for _bind_attributes
+    # the second trace finds the constants that follow a float attribute: without one it would be the first again
+    floats = moved != defaults
+    g_b = _make_fx(req, build(moved, forwards and forwards[1]), args) if floats else g_a
+    for gm in (g_a, g_b) if floats else (g_a,):  # the same rewrites on both keep their nodes in step
         rewrite_variance(gm)
         rewrite_inplace(gm)
         split_to_slices(gm)
@@ -344,7 +346,10 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
 
     fwd_a, fwd_b = _trace_pair(req, fn, tensors, grads=False)
     grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
-    fused = [fused_forward(g, grad_idx) for g in (fwd_a, fwd_b)] if req.backward else []
+    graphs = (fwd_a,) if fwd_b is fwd_a else (fwd_a, fwd_b)
+    fused = [fused_forward(g, grad_idx) for g in graphs] if req.backward else []
+    if len(fused) == 1:  # one graph when there is no float attribute: its regions serve as both
+        fused *= 2
     used = _bind_attributes(req, fwd_a, fwd_b)
     joint = fused_joint = None
     grad_inputs = [s.name for s in req.inputs if s.requires_grad]
