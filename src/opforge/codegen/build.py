@@ -31,7 +31,7 @@ from opforge.codegen.symbolic import (
     shape_of,
 )
 from opforge.codegen.trace import TracedOp, TraceError, trace_request
-from opforge.request import INDEX_DTYPES, Request
+from opforge.request import INDEX_DTYPES, Request, dim_symbols
 
 
 @dataclass
@@ -286,9 +286,8 @@ def symbol_map(gm, req: Request, products: bool = False) -> dict:
             if isinstance(e, sympy.Symbol) and isinstance(d, str) and d.isidentifier():
                 out[e] = d
             elif products and isinstance(e, sympy.Symbol) and isinstance(d, str) and e not in out:
-                out[e] = sympy.Add(*[sympy.Mul(*[int(f) if f.strip().isdigit() else
-                                                 sympy.Symbol(f.strip(), integer=True, positive=True)
-                                                 for f in t.split("*")]) for t in d.split("+")])
+                out[e] = sympy.sympify(d, locals={f: sympy.Symbol(f, integer=True, positive=True)
+                                                  for f in dim_symbols(d)})
     return out
 
 

@@ -12,7 +12,6 @@ import contextlib
 import math
 import operator
 
-import sympy
 import torch
 import torch.nn.functional as F
 from torch._decomp import get_decompositions
@@ -20,6 +19,7 @@ from torch._guards import detect_fake_mode
 from torch.overrides import TorchFunctionMode
 
 from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCE_KIND, op_name
+from opforge.codegen.symbolic import expr_of, same
 
 aten = torch.ops.aten
 
@@ -338,8 +338,8 @@ def pairs_to_strided_slices(gm: torch.fx.GraphModule) -> None:
         split, whole = view.meta["val"].shape, src.meta["val"].shape
         m = view.args[1][-1] if len(split) >= 2 else None  # as written: the fake size may be a symbol's quotient
         # the leading dims kept, so the view splits the last one into (E, m)
-        if dim % len(split) != len(split) - 1 or not isinstance(m, int) or m < 1 or \
-                len(whole) != len(split) - 1 or not all(_same_size(a, b) for a, b in zip(split[:-2], whole[:-1])):
+        if dim % len(split) != len(split) - 1 or not isinstance(m, int) or m < 1 or len(whole) != len(split) - 1 \
+                or not all(same(expr_of(a), expr_of(b), None) for a, b in zip(split[:-2], whole[:-1])):
             continue
         picks = [(node, node.args[2] % m)] if node.target == aten.select.int else \
             [(u, u.args[1]) for u in node.users if u.target is operator.getitem]
@@ -356,6 +356,25 @@ def pairs_to_strided_slices(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def sum_terms(n) -> list | None:
+    """The terms of the sum whose last add is `n` (adds of two terms, no alpha, each read only by the next);
+    None when `n` is not the root of one: not such an add, or one that another add reads."""
+    def plain_add(x) -> bool:
+        return isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target == aten.add.Tensor \
+            and len(x.args) == 2 and not x.kwargs
+
+    if not plain_add(n) or any(u.target == aten.add.Tensor for u in n.users):
+        return None
+    terms, todo = [], [n]
+    while todo:
+        x = todo.pop()
+        if plain_add(x) and (x is n or len(x.users) == 1):
+            todo += list(x.args)
+        else:
+            terms.append(x)
+    return terms
+
+
 def interleaved_gradients(gm: torch.fx.GraphModule) -> None:
     """The gradient of pieces that together take every column in turn — strided slices `x[..., 0::2]` and
     `x[..., 1::2]`, or the pair elements `x.view(..., -1, 2)[..., k]` — is traced as a sum of slice_backwards
@@ -363,16 +382,9 @@ def interleaved_gradients(gm: torch.fx.GraphModule) -> None:
     dimension (viewed back to the row for slices), which a row kernel writes once per column."""
     graph = gm.graph
     for n in list(graph.nodes):
-        if n.op != "call_function" or n.target != aten.add.Tensor or any(u.target == aten.add.Tensor for u in n.users):
+        leaves = sum_terms(n)
+        if leaves is None:
             continue
-        leaves, todo = [], [n]
-        while todo:
-            x = todo.pop()
-            if isinstance(x, torch.fx.Node) and x.target == aten.add.Tensor and (x is n or len(x.users) == 1) \
-                    and len(x.args) == 2 and not x.kwargs:
-                todo += list(x.args)
-            else:
-                leaves.append(x)
         kind = leaves[0].target if isinstance(leaves[0], torch.fx.Node) else None
         if kind not in (aten.slice_backward.default, aten.select_backward.default) or not all(
                 isinstance(x, torch.fx.Node) and x.target == kind for x in leaves):
@@ -393,12 +405,6 @@ def interleaved_gradients(gm: torch.fx.GraphModule) -> None:
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()
-
-
-def _same_size(a, b) -> bool:
-    """Two sizes, ints or symbolic, that are equal for every binding."""
-    expr = [x.node.expr if isinstance(x, torch.SymInt) else x for x in (a, b)]
-    return sympy.simplify(expr[0] - expr[1]) == 0
 
 
 PRODUCTS_2D = {aten.mm.default, aten.addmm.default}

@@ -33,6 +33,7 @@ from opforge.codegen.symbolic import (
     atoms,
     divisibility_checks,
     graph_shapes,
+    operand,
     product,
     pysrc,
     real_src,
@@ -167,7 +168,7 @@ class _Emitter:
         if rule.kind == SHIFT:
             return self._shift(node, key, col, blk)
         if rule.kind == COLUMN:  # compared with indices loaded as float32: exact below 2**24 columns
-            return f"{_paren(col)}.to(tl.float32)"
+            return f"{operand(col)}.to(tl.float32)"
         if rule.kind in ("reduction",):
             raise RuntimeError(f"reduction {node.name} used before it is finished")
         # a constant's tensor argument (zeros_like(x)) only lends its shape: never evaluate it
@@ -198,7 +199,7 @@ class _Emitter:
         if not i.dc:
             self.pre.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0))")
             return m.name
-        at = _paren(col)
+        at = operand(col)
         mask = [] if not i.dr else ["rmask"]
         # a moved column can fall before the row only where the expression subtracts (cat's later parts)
         mask += [f"({at} >= 0)"] if "-" in col else []
@@ -211,7 +212,7 @@ class _Emitter:
     def _shift(self, node, key, col, blk) -> str:
         """`node` at column `col`: its source at the column it came from. Column expressions compose as text;
         tidy keeps `cols + D - (D // 2)` from growing with each slice."""
-        at = _paren(col)
+        at = operand(col)
         if key == "aten.slice.Tensor":  # x[..., start::step]: column start + step * c of x
             start = self.sym(node.args[2]) if len(node.args) > 2 and node.args[2] is not None else "0"
             step = node.args[4] if len(node.args) > 4 else 1
@@ -219,7 +220,7 @@ class _Emitter:
         if key == "aten.slice_backward.default":  # the gradient scattered back: zero where no column came from
             start, end, step = self.sym(node.args[3]), node.args[4], (node.args[5] if len(node.args) > 5 else 1)
             end = self.ext(self.p.info[node].ext) if isinstance(end, int) and end >= 2 ** 31 else self.sym(end)
-            src = tidy(f"{at} - {_paren(start)}")
+            src = tidy(f"{at} - {operand(start)}")
             inner = self.ev(node.args[0], src if step == 1 else tidy(f"({src}) // {step}"), blk)
             hit = f"({at} >= {start}) & ({at} < {end})" + (f" & (({src}) % {step} == 0)" if step != 1 else "")
             target = self._target(node, col)
@@ -254,18 +255,6 @@ class _Emitter:
 
 
 COLS = "cols"  # a value at its own columns
-
-
-def _paren(col: str) -> str:
-    """A column expression as an operand: bracketed unless it is a name or already one bracketed group."""
-    if col.isidentifier():
-        return col
-    depth = 0
-    for k, ch in enumerate(col):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and k < len(col) - 1:
-            return f"({col})"
-    return col if col.startswith("(") else f"({col})"
 
 
 def _times(step: int, col: str) -> str:
@@ -388,8 +377,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
             v = e.ev(node, COLS, body)
             ext = e.ext(i.ext if i.dc else None)
             val = v if (i.dr and i.dc) else f"{v} + tl.zeros((BLOCK_R, BLOCK_C), tl.float32)"
-            width = f"({ext})" if " + " in ext or " - " in ext else ext  # a row of L + 2*R columns
-            body.add(f"tl.store({o.name}_ptr + rows * {width} + cols, _to_dtype({val}, "
+            body.add(f"tl.store({o.name}_ptr + rows * {operand(ext)} + cols, _to_dtype({val}, "
                      f"{o.name}_ptr.dtype.element_ty), mask=rmask & (cols < {ext}))")
         elif o.store == "row":
             v = e.ev(node, COLS, e.pre)
@@ -667,18 +655,14 @@ def _size_sources(names: dict, dims: dict) -> dict:
             coeff = sympy.expand(v).coeff(unknown[0]) if len(unknown) == 1 else None
             rest = sympy.expand(v - coeff * unknown[0]) if coeff is not None else None
             if coeff is not None and coeff != 0 and unknown[0] not in coeff.free_symbols | rest.free_symbols:
-                src = dims[s] if rest == 0 else f"({dims[s]} - {_atomic(rest)})"
-                out[str(unknown[0])] = src if coeff == 1 else f"{src} // {_atomic(coeff)}"
+                src = dims[s] if rest == 0 else f"({dims[s]} - {operand(str(rest))})"
+                out[str(unknown[0])] = src if coeff == 1 else f"{src} // {operand(str(coeff))}"
             elif unknown:
                 left.append((s, v))
         if len(left) == len(pending):
             break
         pending = left
     return out
-
-
-def _atomic(e) -> str:
-    return str(e) if e.is_Atom else f"({e})"
 
 
 def _split_launch(plan: RowPlan, kname: str, args: list[str], dev: str) -> list[str]:

@@ -23,6 +23,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage, bias_sums
+from opforge.codegen.decompose import sum_terms
 from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
@@ -306,18 +307,9 @@ def _concatenations(gm) -> None:
     pieces are in memory (views of a stage's results), so the launcher copies each once."""
     graph, env = gm.graph, shape_env_of(gm)
     for n in list(graph.nodes):
-        if n.op != "call_function" or n.target != torch.ops.aten.add.Tensor or not n.users:
+        leaves = sum_terms(n) if n.users else None  # the root of the sum only
+        if leaves is None:
             continue
-        if any(u.target == torch.ops.aten.add.Tensor for u in n.users):
-            continue  # the root of the sum only
-        leaves, stack = [], [n]
-        while stack:
-            x = stack.pop()
-            if isinstance(x, torch.fx.Node) and x.target == torch.ops.aten.add.Tensor and (
-                    x is n or len(x.users) == 1):
-                stack += list(x.args)
-            else:
-                leaves.append(x)
         if not all(isinstance(x, torch.fx.Node) and x.target == torch.ops.aten.slice_backward.default
                    for x in leaves):
             continue
@@ -364,12 +356,14 @@ def _sink(compute: list, depth: dict, needed: set) -> None:
     there again instead of stored and loaded (a GELU's derivative at the saved pre-activation, needed only once
     dh = dy·W2ᵀ is known): a few flops per element instead of a full-size write and read. Consumers first, so
     that chains move together."""
+    members = set(compute)
+
     def an_input(a) -> bool:  # an input of the pass, or a view of one
         while a.op == "call_function" and a not in members and op_name(a.target) in HOST_VIEWS:
             a = a.args[0]
         return a.op == "placeholder"
 
-    members, pure = set(compute), set()
+    pure = set()
     for n in compute:  # pointwise functions of the inputs (and sizes), through other such values
         rule = OP_TABLE.get(op_name(n.target))
         if rule is not None and rule.kind == POINTWISE and all(a in pure or _free(a) or an_input(a)
@@ -694,9 +688,10 @@ def _components(nodes: list) -> list[list]:
             n = part[n]
         return n
 
+    apart = {n for n in nodes if _widens(n, part)}  # joined to nothing it reads
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in part and not _widens(n, part):
+            if a in part and n not in apart:
                 part[root(a)] = root(n)
     space: dict = {}  # a group's root -> the shape it runs over: that of the largest value it reads or makes
     for n in nodes:

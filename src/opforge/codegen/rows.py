@@ -44,7 +44,7 @@ from opforge.codegen.ops import (
     upstream,
 )
 from opforge.codegen.plan import OutArg, PlanOfParts, Unsupported, check_output
-from opforge.codegen.symbolic import hint, product, pysrc, same, shape_env_of, shape_of
+from opforge.codegen.symbolic import hint, operand, product, pysrc, same, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
 
 
@@ -257,10 +257,10 @@ def _row_offset_terms(shape: list, space: list, env, sym_names: dict) -> list[st
         j = k - pad
         if j >= 0 and not same(shape[j], sympy.Integer(1), env) and not same(space[k], 1, env):
             # the row's index along dimension k; the outermost needs no modulo (rows < n_rows)
-            coord = "rows" if inner == 1 else f"(rows // {_atom(pysrc(inner, sym_names))})"
-            coord = coord if k == 0 else f"({coord} % {_atom(pysrc(space[k], sym_names))})"
+            coord = "rows" if inner == 1 else f"(rows // {operand(pysrc(inner, sym_names))})"
+            coord = coord if k == 0 else f"({coord} % {operand(pysrc(space[k], sym_names))})"
             stride = strides[j]
-            terms.append(coord if stride == 1 else f"{coord} * {_atom(pysrc(stride, sym_names))}")
+            terms.append(coord if stride == 1 else f"{coord} * {operand(pysrc(stride, sym_names))}")
         inner = inner * space[k]
     return terms
 
@@ -505,11 +505,6 @@ class _RowPlanner:
                                   f"iteration space {[str(d) for d in self.space]}")
         return OutArg(oname, node.name, store == "full", store in ("scalar", "col") and bool(i.post),
                       shape, like, i.exact, True, store)
-
-
-def _atom(src: str) -> str:
-    """`src` as an operand: a name or a number as it is, an expression in parentheses."""
-    return src if src.isidentifier() or src.isdigit() else f"({src})"
 
 
 def _unviewed(n):

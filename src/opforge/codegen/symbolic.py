@@ -37,6 +37,19 @@ def expr_of(d, env=None) -> sympy.Expr:
     return env.replace(e) if env is not None else e
 
 
+def operand(src: str) -> str:
+    """Python source as an operand of * or //: a name, a number or one bracketed group as it is, anything else
+    in brackets (`rows * (L + 2*R)`, never `rows * L + 2*R`)."""
+    if src.isidentifier() or src.isdigit():
+        return src
+    depth = 0
+    for k, ch in enumerate(src):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and k < len(src) - 1:
+            return f"({src})"
+    return src if src.startswith("(") else f"({src})"
+
+
 def shape_of(node, env=None) -> list[sympy.Expr]:
     return [expr_of(d, env) for d in node.meta["val"].shape]
 
