@@ -60,9 +60,11 @@ def _check(req, impl, binding: dict, dtype, k: int):
     got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
     # one upstream gradient per output, rounded to the dtype so both sides start from the same values
     grads = [torch.randn(w.shape, generator=gen, dtype=torch.float64).to(dtype).double() for w in want]
-    got_g = [t.cpu() for t in torch.autograd.grad(got, [t for t in got_in if t.requires_grad],
-                                                  [g.to(dtype).to(DEVICE) for g in grads])]
-    want_g = torch.autograd.grad(want, [t for t in ref_in if t.requires_grad], grads)
+    got_g, want_g = [], []
+    if any(wrt):  # a request without backward: outputs only
+        got_g = [t.cpu() for t in torch.autograd.grad(got, [t for t in got_in if t.requires_grad],
+                                                      [g.to(dtype).to(DEVICE) for g in grads])]
+        want_g = torch.autograd.grad(want, [t for t in ref_in if t.requires_grad], grads)
     names = [f"out{i}" for i in range(len(got))] + [f"grad_{s.name}" for s in req.inputs if s.requires_grad]
     for name, a, b in zip(names, [t.cpu() for t in got] + got_g, list(want) + list(want_g)):
         assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.shape)
@@ -352,6 +354,51 @@ def test_split_k_shares_each_tile_among_programs_and_gives_the_same_bits_each_ru
     assert torch.equal(op(x, w, b, r), op(x, w, b, r))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_work_after_a_product_runs_on_the_tile_when_it_holds_whole_rows(tmp_path, dtype):
+    """A softmax scaled per column and a row mean after a linear: one kernel when a tile holds the rows, the
+    product stored and then the row kernel when the rows are wider than GEMM_ROWS_N; both match float64,
+    forward and backward."""
+    path = _request(tmp_path, "linear_softmax", {"x": ["M", "K"], "w": ["N", "K"], "b": ["N"], "g": ["N"]},
+                    "y = F.linear(x, w, b)\nreturn torch.softmax(y, -1) * g, y.mean(-1)", {"M": 24, "K": 40, "N": 50})
+    req, build, impl = _impl(path, tmp_path)
+    (gemm,) = build.forward.gemms
+    assert gemm.rows is not None and not build.forward.glue and gemm.row_reads == ["g_in"]
+    assert gemm.writes == ["addmm", *gemm.rows.outputs] and len(gemm.writes) == 3  # the product: saved
+    row_kernel = f"_{req.name}_{gemm.rows.plan.name}"
+    launches = []
+    wide = getattr(impl, row_kernel)
+    setattr(impl, row_kernel, lambda *a, **k: launches.append(1) or wide(*a, **k))
+    binding = {"M": 19, "K": 33, "N": 21}
+    _check(req, impl, binding, dtype, 33)
+    assert not launches  # the row work ran on the tile
+    impl.GEMM_ROWS_N = 16
+    _check(req, impl, binding, dtype, 33)
+    assert launches  # 21 columns do not fit: the row kernel ran on the stored product
+
+
+def test_a_product_only_the_row_work_reads_is_never_stored(tmp_path):
+    path = _request(tmp_path, "linear_logsoftmax", {"x": ["M", "K"], "w": ["N", "K"]},
+                    "return torch.log_softmax(F.linear(x, w), -1)", {"M": 24, "K": 40, "N": 50}, backward=False)
+    req, build, impl = _impl(path, tmp_path)
+    (gemm,) = build.forward.gemms
+    assert gemm.rows is not None and not gemm.store_product and gemm.writes == gemm.rows.outputs
+    for rows_n in (256, 16):  # on the tile; then stored (float32) for the row kernel
+        impl.GEMM_ROWS_N = rows_n
+        _check(req, impl, {"M": 19, "K": 33, "N": 21}, torch.bfloat16, 33)
+
+
+def test_a_row_reduction_across_the_rows_is_not_run_on_the_tile(tmp_path):
+    # a sum down the columns meets every row tile: its own kernel, after the product is stored
+    path = _request(tmp_path, "linear_colsum", {"x": ["M", "K"], "w": ["N", "K"]},
+                    "y = F.linear(x, w)\nreturn torch.softmax(y, -1).sum(0)", {"M": 24, "K": 40, "N": 50},
+                    backward=False)
+    req, build, impl = _impl(path, tmp_path)
+    (gemm,) = build.forward.gemms
+    assert gemm.rows is None and gemm.store_product and len(build.forward.glue) == 1
+    _check(req, impl, {"M": 19, "K": 33, "N": 21}, torch.float32, 33)
+
+
 def test_a_product_of_two_products_runs_them_in_order(tmp_path):
     # a swiglu MLP: the gate and up products, then the down product of their SiLU-gated product
     path = _request(tmp_path, "mlp", {"x": ["N", "H"], "w1": ["F", "H"], "w3": ["F", "H"], "w2": ["H", "F"]},
@@ -372,11 +419,16 @@ def test_mla_prolog_matches_float64_through_six_products_two_norms_and_two_ropes
     req, build, impl = _impl(EXAMPLES / "mla_prolog", tmp_path)
     fwd = build.forward
     assert len(fwd.gemms) == 6 and [g.batched for g in fwd.gemms].count(True) == 1  # the absorbed w_uk
-    # each norm and rope is a glue kernel at its own shape; the head views and transposes are never copied
-    assert len([s for s in fwd.steps if isinstance(s, GlueStage)]) == 4
+    # each norm runs on its down-projection's tile (it holds the whole latent row), each rope is a glue kernel at
+    # its own shape; the head views and transposes are never copied
+    assert [g.rows is not None for g in fwd.gemms].count(True) == 2
+    assert len([s for s in fwd.steps if isinstance(s, GlueStage)]) == 2
     assert {s.op for s in fwd.steps if isinstance(s, HostView)} >= {"aten.transpose.int", "aten.view.default"}
     binding = {"T": 19, "He": 40, "Hcq": 24, "N": 3, "D": 8, "R": 6, "C": 20}
     _check(req, impl, binding, dtype, max(binding.values()))
+    if dtype == torch.float32:  # latent rows too wide for a tile: stored, then the norms' own row kernels
+        impl.GEMM_ROWS_N = 16
+        _check(req, impl, binding, dtype, max(binding.values()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -452,6 +504,38 @@ def test_split_k_compiles_for_sm90_on_the_tensor_cores_without_spills(tmp_path):
     gemms = [b for b in report["builds"] if b.get("constexprs", {}).get("SPLIT_K") == 4]
     assert report["failed"] == 0 and len(gemms) == 3, report
     assert all(b["spill_bytes"] == 0 and b["wgmma"] > 0 for b in gemms)
+
+
+def test_row_work_on_the_tile_and_its_fallback_compile_for_sm90_without_spills(tmp_path):
+    """Both branches of a product with row work, as the GPU compiler sees them: the tile running a dynamic
+    per-row quantization (ROWS_IN_TILE, the row outputs' arguments bound), and, with GEMM_ROWS_N = 0, the
+    product stored (the row arguments None) and then the row kernel."""
+    import json
+    import subprocess
+    import sys
+
+    path = _request(tmp_path, "dyn_quant", {"x": ["M", "K"], "w": ["N", "K"]},
+                    "y = F.linear(x, w)\ns = y.abs().amax(-1, keepdim=True).clamp(min=1e-5) / 127.0\n"
+                    "return torch.clamp(torch.round(y / s), -127, 127) * s, s", {"M": 64, "K": 128, "N": 96},
+                    backward=False)
+    _impl(path, tmp_path)
+    fused = tmp_path / "dyn_quant_impl.py"
+    wide = tmp_path / "dyn_quant_wide_impl.py"
+    wide.write_text(fused.read_text().replace("GEMM_ROWS_N = 256\n", "GEMM_ROWS_N = 0\n"))
+    code = ("import json, sys; from pathlib import Path; from opforge.bench.aot import compile_op; "
+            "from opforge.request import load_request; "
+            "print(json.dumps([compile_op(load_request(sys.argv[1]), impl_path=Path(p), dtypes=['bfloat16']) "
+            "for p in sys.argv[2:]]))")
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(fused), str(wide)], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    on_tile, stored = json.loads(r.stdout.splitlines()[-1])
+    for report, launches in ((on_tile, [True]), (stored, [False, None])):
+        assert report["failed"] == 0, report
+        kernels = [b["constexprs"].get("ROWS_IN_TILE") for b in report["builds"]]
+        assert kernels == launches, kernels  # the GEMM alone, or the GEMM then the row kernel
+        assert all(b["spill_bytes"] == 0 for b in report["builds"])
+        assert report["builds"][0]["wgmma"] > 0
 
 
 @pytest.mark.parametrize("equation, problem", [

@@ -41,6 +41,7 @@ SPACE = {
     "GEMM_NUM_WARPS": [4, 8],
     "GEMM_NUM_STAGES": [2, 3, 4, 5],
     "GEMM_SPLIT_K": [1, 2, 4, 8, 16],  # programs sharing a tile's K: skinny products with too few tiles
+    "GEMM_ROWS_N": [0, 128, 256, 512],  # the widest rows whose row work runs on the tile (0: stored, then a row kernel)
     # an attention's queries per program, keys per step of its walk, warps and pipeline depth
     "ATTN_BLOCK_M": [32, 64, 128],
     "ATTN_BLOCK_N": [32, 64, 128],
@@ -48,7 +49,7 @@ SPACE = {
     "ATTN_NUM_STAGES": [1, 2, 3],
 }
 GEMM_KNOBS = ("GEMM_BLOCK_M", "GEMM_BLOCK_N", "GEMM_BLOCK_K", "GEMM_GROUP_M", "GEMM_NUM_WARPS", "GEMM_NUM_STAGES",
-              "GEMM_SPLIT_K")
+              "GEMM_SPLIT_K", "GEMM_ROWS_N")
 ATTN_KNOBS = ("ATTN_BLOCK_M", "ATTN_BLOCK_N", "ATTN_NUM_WARPS", "ATTN_NUM_STAGES")
 # module constants
 PLAIN_KNOBS = ("TILE", "MAX_BLOCK_C", "BLOCK", "NUM_WARPS", "ORDERED_PARTIALS", "MAX_PROGRAMS", "ROW_SPLIT",

@@ -13,7 +13,7 @@ import textwrap
 from opforge.codegen.across import finish, helpers, launch_setup, meet
 from opforge.codegen.attention import AttentionStage
 from opforge.codegen.emit_attention import ATTENTION_KNOBS, emit_attention_kernel, emit_attention_launcher
-from opforge.codegen.emit_gemm import GEMM_KNOBS, emit_gemm_kernel, emit_gemm_launcher
+from opforge.codegen.emit_gemm import emit_gemm_kernel, emit_gemm_launcher, gemm_knobs
 from opforge.codegen.emit_rows import (
     COLUMN_SUMS,
     _size_sources,
@@ -240,7 +240,8 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
 
 def _kernel_source(op: str, plan) -> str:
     if plan.layout == "staged":
-        return "\n\n".join(emit_gemm_kernel(op, s) if isinstance(s, GemmStage) else
+        return "\n\n".join(emit_gemm_kernel(op, s) + (f"\n\n{_kernel_source(op, s.rows.plan)}" if s.rows else "")
+                           if isinstance(s, GemmStage) else
                            emit_attention_kernel(op, s) if isinstance(s, AttentionStage) else
                            _kernel_source(op, s.plan) for s in plan.steps
                            if not isinstance(s, (HostView, LibraryStage)))
@@ -300,7 +301,12 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
             continue
         sub = f"_{op}_{step.name if isinstance(step, (GemmStage, AttentionStage)) else step.plan.name}"
         if isinstance(step, GemmStage):
-            parts.append(emit_gemm_launcher(op, step, sub, have, attrs))
+            rows_call = None
+            if step.rows:  # the row kernel for a product too wide for one tile
+                rows_sub, rows_have = f"_{op}_{step.rows.plan.name}", have + [step.node]
+                parts.append(_launcher_source(op, step.rows.plan, step.rows.plan.dims, rows_sub, rows_have, attrs))
+                rows_call = f"{rows_sub}({', '.join(rows_have + attrs + ['deterministic=deterministic'])})"
+            parts.append(emit_gemm_launcher(op, step, sub, have, attrs, rows_call))
             outs = step.writes
         elif isinstance(step, AttentionStage):
             parts.append(emit_attention_launcher(op, step, sub, have, attrs))
@@ -477,7 +483,8 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
                                  defaults=", ".join(f'"{k}": {k}' for k in knobs)))
     parts.append(helpers(set(fwd.reduce_kinds) | set(bwd.reduce_kinds if bwd else []), ordered))
     parts.append(COLUMN_SUMS if any(p.column_sums for p in plans) else "")
-    parts.append("\n\n" + GEMM_KNOBS if any(p.layout == "staged" for p in plans) else "")
+    rows = any(st.rows for p in plans if p.layout == "staged" for st in p.gemms)
+    parts.append("\n\n" + gemm_knobs(rows) if any(p.layout == "staged" for p in plans) else "")
     parts.append("\n\n" + ATTENTION_KNOBS if any(p.layout == "staged" and p.attentions for p in plans) else "")
     parts.append(ROWS_VIEW if leading else "")
     parts.append('''

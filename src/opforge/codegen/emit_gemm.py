@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import textwrap
 
-from opforge.codegen.emit_rows import launcher_signature
+from opforge.codegen.emit_rows import emit_row_tile, launcher_signature, row_inputs_and_outputs
 from opforge.codegen.gemm import GemmStage
 
 GEMM_KNOBS = """\
@@ -64,13 +64,41 @@ def _gemm_launch(knobs: dict) -> dict:
 """
 
 
+def gemm_knobs(rows: bool) -> str:
+    """The GEMM knobs' source; with `rows` (a stage with row work after its product) the rows a tile holds whole,
+    a knob only such modules have, so that the tuner searches it only where a launch reads it."""
+    if not rows:
+        return GEMM_KNOBS
+    knob = ("GEMM_SPLIT_K = 1\n"
+            "# the widest product whose rows one tile holds whole, so that the row work after it (a softmax, a norm)\n"
+            "# runs on the tile; wider products are stored for its row kernel (0: always)\n"
+            "GEMM_ROWS_N = 256\n")
+    return GEMM_KNOBS.replace("GEMM_SPLIT_K = 1\n", knob).replace(
+        '"GEMM_SPLIT_K": GEMM_SPLIT_K, ', '"GEMM_SPLIT_K": GEMM_SPLIT_K, "GEMM_ROWS_N": GEMM_ROWS_N,\n            ')
+
+
 def gemm_kernel_name(op: str, st: GemmStage) -> str:
     return f"_{op}_{st.name}_kernel"
 
 
+def row_tile_name(op: str, st: GemmStage) -> str:
+    return f"_{op}_{st.name}_rows"
+
+
+def _row_tile(op: str, st: GemmStage) -> tuple[str, list[str]]:
+    """The function running the stage's row work on a tile of whole rows, and its parameters after the tile."""
+    return emit_row_tile(st.rows.plan, row_tile_name(op, st), st.node)
+
+
+def _stores(st: GemmStage) -> list[str]:
+    """What the kernel itself stores: the product where it is read later, the epilogue's outputs. With row
+    work (which stores its own outputs), the product, also where only the row kernel reads it."""
+    return [st.node] if st.rows else st.writes
+
+
 def _values(st: GemmStage) -> list[str]:
-    """The kernel's value for each of `st.writes`."""
-    outs = ["c"] if st.store_product else []
+    """The kernel's value for each of `_stores(st)`."""
+    outs = ["c"] if st.store_product or st.rows else []
     if st.epilogue is not None:
         outs += [o.value if o.block else f"{o.value} + tl.zeros((BLOCK_M, BLOCK_N), tl.float32)"
                  for o in st.epilogue.outputs]
@@ -145,19 +173,25 @@ def _operand_tile(st: GemmStage, side: str) -> list[str]:
 
 
 def emit_gemm_kernel(op: str, st: GemmStage) -> str:
-    tiles = st.tiles_in + st.writes
+    """The stage's kernel; with row work, preceded by the function that runs it on the tile."""
+    tiles = st.tiles_in + _stores(st)
     operand_ptrs, operand_strides = _operand_params(st)
     params = operand_ptrs + [f"{n}_ptr" for n in tiles + st.scalars] + ["M", "N", "K"] + operand_strides
     params += [f"{n}_{s}" for n in tiles for s in ("sb", "sm", "sn")]
     params += st.attrs + ["partials_ptr", "tickets_ptr"]
+    row_src, row_params = _row_tile(op, st) if st.rows else ("", [])
+    params += [f"rows_{q}" for q in row_params]  # the row work's own names, kept apart from the kernel's
     params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
                "SPLIT_K: tl.constexpr", "DOT_DTYPE: tl.constexpr", "PRECISION: tl.constexpr"]
+    params += ["ROWS_IN_TILE: tl.constexpr"] if st.rows else []
     what = "C = A·B" + ("" if not st.bias else " + bias" if st.alpha == st.beta == 1 else
                           f", then {st.beta:g}·bias + {st.alpha:g}·C")
     what += "".join(f", {side.upper()} computed by its prologue" for side in st.prologues)
     what += ", then the epilogue on the tile" if st.epilogue else ""
-    lines = ["@triton.jit", f"def {gemm_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
-             f'    """{st.name}: {what}; stores {", ".join(st.writes)}."""']
+    what += f", then {st.rows.plan.name}'s row work on the tile when it holds whole rows" if st.rows else ""
+    lines = [row_src, ""] if row_src else []  # the row work's function, then the kernel that calls it
+    lines += ["@triton.jit", f"def {gemm_kernel_name(op, st)}(", *[f"    {p}," for p in params], "):",
+              f'    """{st.name}: {what}; stores {", ".join(st.writes)}."""']
     b = lines.append
     b("    pid, bid, split = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)  # tile, batch, K split")
     b("    # grouped order: GROUP_M consecutive tile rows run together and share B's columns in L2")
@@ -231,8 +265,20 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
             b(f"    {n} = _to_f32(tl.load({n}_ptr))  # one value for the whole tensor")
         for s in st.epilogue.body:
             b(f"    {s.target} = {s.expr}  # {s.comment}")
-    for name, value in zip(st.writes, _values(st)):
-        b(f"    tl.store({_tile(name)}, _to_dtype({value}, {name}_ptr.dtype.element_ty), mask=mask)")
+    if st.rows:
+        _, row_params = _row_tile(op, st)
+        b("    if ROWS_IN_TILE:  # the tile holds whole rows (N <= BLOCK_N): the row work runs on it")
+        b(f"        {row_tile_name(op, st)}(")
+        lines.extend(textwrap.wrap(f"c, rm[:, None], {', '.join(f'rows_{q}' for q in row_params)}, "
+                                   "BLOCK_R=BLOCK_M, BLOCK_C=BLOCK_N)", 108, initial_indent=" " * 12,
+                                   subsequent_indent=" " * 12))
+    for name, value in zip(_stores(st), _values(st)):
+        store = f"tl.store({_tile(name)}, _to_dtype({value}, {name}_ptr.dtype.element_ty), mask=mask)"
+        if name == st.node and st.rows and not st.store_product:
+            b("    else:  # stored for the row kernel")
+            b(f"        {store}")
+        else:
+            b(f"    {store}")
     return "\n".join(lines) + "\n"
 
 
@@ -241,10 +287,14 @@ def _strides3(t: str, batched: bool) -> str:
     return f"*{t}.stride()" if batched else f"0, *{t}.stride()"
 
 
-def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[str], attrs: list[str]) -> str:
-    """Allocates the stage's outputs and launches one program per tile (and batch)."""
+def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[str], attrs: list[str],
+                       rows_call: str | None = None) -> str:
+    """Allocates the stage's outputs and launches one program per tile (and batch). With row work, `rows_call`
+    is the row kernel's launch for a product too wide for one tile."""
     lines = [f"def {fn_name}({launcher_signature(tensor_args, attrs)}):"]
     b = lines.append
+    # with row work the product's sizes are named apart: the row work's own sizes keep the request's names
+    m, k, n = ("size_m", "size_k", "size_n") if st.rows else ("M", "K", "N")
     a, bb = st.a, st.b
     sizes = {}  # a merged prologue's operand shape, which no tensor has
     operands, strided = [], []  # the kernel's pointers for A and B, and the tensors among them it strides
@@ -256,11 +306,11 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
             continue
         # each input broadcast to the prologue's shape and taken through the operand's views
         b(f"    {side}_shape = torch.broadcast_shapes({', '.join(f'{n}.shape' for n in pro.loads + pro.scalars)})")
-        for n in pro.loads:
-            views = "".join(f".{m}({', '.join(args)})" for m, args in pro.views)
-            b(f"    {side}_{n} = {n}.expand({side}_shape){views}")
-        operands += [f"{side}_{n}" for n in pro.loads] + pro.scalars
-        strided += [f"{side}_{n}" for n in pro.loads]
+        for q in pro.loads:
+            views = "".join(f".{meth}({', '.join(args)})" for meth, args in pro.views)
+            b(f"    {side}_{q} = {q}.expand({side}_shape){views}")
+        operands += [f"{side}_{q}" for q in pro.loads] + pro.scalars
+        strided += [f"{side}_{q}" for q in pro.loads]
         name = f"{side}_{pro.loads[0]}"
         (a, bb) = (name, bb) if side == "a" else (a, name)
         if pro.merge:
@@ -272,14 +322,37 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     sa, sb = (sizes.get(t, f"{t}.shape") for t in (a, bb))
     ra, rb = (f"len({sizes[t]})" if t in sizes else f"{t}.dim()" for t in (a, bb))
     b(f"    batch = {sa}[0] if {ra} == 3 else 1")
-    b(f"    M, K, N = {sa}[-2], {sa}[-1], {sb}[-1]")
-    b(f"    if {sb}[-2] != K or {rb} != {ra}:")
+    b(f"    {m}, {k}, {n} = {sa}[-2], {sa}[-1], {sb}[-1]")
+    b(f"    if {sb}[-2] != {k} or {rb} != {ra}:")
     b(f"        raise ValueError(f\"{st.node}: cannot multiply {{tuple({sa})}} by {{tuple({sb})}}\")")
-    b(f"    shape = ({sa}[0], M, N) if {ra} == 3 else (M, N)")
-    for name in st.writes:
+    b(f"    shape = ({sa}[0], {m}, {n}) if {ra} == 3 else ({m}, {n})")
+    b(f"    knobs = _gemm_knobs({m}, {n}, {k})  # tuned for these sizes, or the defaults")
+    row_args = []
+    if st.rows:
+        plan = st.rows.plan
+        _, row_params = _row_tile(op, st)
+        b(f"    rows_in_tile = {n} <= knobs[\"GEMM_ROWS_N\"]")
+        b("    if rows_in_tile:  # one tile column holds whole rows, no bigger a tile than the knobs' (split-K off)")
+        b(f"        block_n = max(16, triton.next_power_of_2({n}))")
+        b("        block_m = max(16, min(knobs[\"GEMM_BLOCK_M\"], knobs[\"GEMM_BLOCK_M\"] * knobs[\"GEMM_BLOCK_N\"] "
+          "// block_n))")
+        b("        knobs = {**knobs, \"GEMM_BLOCK_M\": block_m, \"GEMM_BLOCK_N\": block_n, \"GEMM_SPLIT_K\": 1}")
+        # the row work's sizes, read where the row kernel would read them: off the product, here its sizes
+        dims = {sym: src.replace(f"{st.node}.shape[0]", m).replace(f"{st.node}.shape[1]", n)
+                for sym, src in plan.dims.items()}
+        lines.extend(row_inputs_and_outputs(plan, dims, given=st.node, device=f"{a}.device", pad="        "))
+        row_args = [q.removesuffix("_ptr") for q in row_params]
+        b(f"        rows_args = ({', '.join(row_args)},)  # the row work's arguments")
+        b("    else:")
+        b(f"        rows_args = (None,) * {len(row_args)}")
+    for name in ([st.node] if st.rows and not st.store_product else []) + st.writes:
+        if st.rows and name in st.rows.outputs:
+            continue
         like = st.like if name == st.node else next(o.like for o in st.epilogue.outputs if o.name == name)
         dtype = f"{like}.dtype" if like else "torch.float32"
-        b(f"    {name} = torch.empty(shape, device={a}.device, dtype={dtype})")
+        at = "shape if not rows_in_tile else (0, 0)" if name == st.node and st.rows and not st.store_product \
+            else "shape"  # the row kernel's float32 product, where it runs
+        b(f"    {name} = torch.empty({at}, device={a}.device, dtype={dtype})")
     for t in st.tiles_in:  # broadcast to the product's shape: stride 0
         b(f"    {t}_v = {t}.expand(shape)")
     # 16-bit operands multiply on the tensor cores in their dtype; a float32 operand (a buffer between stages)
@@ -291,8 +364,7 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
     else:
         b(f"    dot = _DOT_DTYPE[{dtypes[0]}] if {dtypes[0]} == {dtypes[1]} else tl.float32")
     b(f"    precision = \"ieee\" if {tensor_args[0]}.dtype == torch.float32 else \"tf32\"")
-    b("    knobs = _gemm_knobs(M, N, K)  # tuned for these sizes, or the defaults")
-    b("    tiles, split_k = triton.cdiv(M, knobs[\"GEMM_BLOCK_M\"]) * triton.cdiv(N, knobs[\"GEMM_BLOCK_N\"]), "
+    b(f"    tiles, split_k = triton.cdiv({m}, knobs[\"GEMM_BLOCK_M\"]) * triton.cdiv({n}, knobs[\"GEMM_BLOCK_N\"]), "
       "knobs[\"GEMM_SPLIT_K\"]")
     b("    grid = (tiles, batch, split_k)")
     b("    # split-K's float32 partial tiles and one ticket per tile (none when K is not split)")
@@ -301,17 +373,23 @@ def emit_gemm_launcher(op: str, st: GemmStage, fn_name: str, tensor_args: list[s
       f"else 0, device={a}.device, dtype=torch.float32)")
     b(f"    tickets = torch.zeros(batch * tiles if split else 0, device={a}.device, dtype=torch.int32)")
     views = {t: f"{t}_v" for t in st.tiles_in}
-    tiles = st.tiles_in + st.writes
-    args = operands + [views.get(t, t) for t in tiles] + st.scalars + ["M", "N", "K"]
-    merged = {f"{side}_{n}": side for side, pro in st.prologues.items() if pro.merge for n in pro.loads}
+    tiles = st.tiles_in + _stores(st)
+    args = operands + [views.get(t, t) for t in tiles] + st.scalars + [m, n, k]
+    merged = {f"{side}_{q}": side for side, pro in st.prologues.items() if pro.merge for q in pro.loads}
     args += [f"*{t}.stride()" if t in merged else _strides3(t, st.batched) for t in strided]
     args += [f"{side}_shape[{pro.merge[0] + 1}]" for side, pro in st.prologues.items() if pro.merge]
     args += [_strides3(views.get(t, t), st.batched) for t in tiles]
-    args += st.attrs + ["partials", "tickets"]
+    args += st.attrs + ["partials", "tickets"] + (["*rows_args"] if st.rows else [])
     b(f"    {gemm_kernel_name(op, st)}[grid](")
     lines += textwrap.wrap(", ".join(args) + ",", 112, initial_indent=" " * 8, subsequent_indent=" " * 8)
     b("        BLOCK_M=knobs[\"GEMM_BLOCK_M\"], BLOCK_N=knobs[\"GEMM_BLOCK_N\"], BLOCK_K=knobs[\"GEMM_BLOCK_K\"],")
     b("        GROUP_M=knobs[\"GEMM_GROUP_M\"], SPLIT_K=split_k, DOT_DTYPE=dot, PRECISION=precision, "
-      "**_gemm_launch(knobs))")
+      f"{'' if st.rows else '**_gemm_launch(knobs))'}")
+    if st.rows:
+        b("        ROWS_IN_TILE=rows_in_tile, **_gemm_launch(knobs))")
+    if st.rows:
+        outs = st.rows.outputs
+        b("    if not rows_in_tile:  # the row work's own kernel, on the stored product")
+        b(f"        {', '.join(outs)}{',' if len(outs) == 1 else ''} = {rows_call}")
     b(f"    return {', '.join(st.writes)}{',' if len(st.writes) == 1 else ''}")
     return "\n".join(lines) + "\n"

@@ -266,7 +266,8 @@ def _mask(e: _Emitter, i) -> str:
     return " & ".join(parts) or "True"
 
 
-def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None) -> tuple[_Emitter, list]:
+def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None,
+             given: str | None = None) -> tuple[_Emitter, list]:
     """The work of one program on its rows, at indentation `ind`.
 
     persistent: the row fits one chunk, so every value is loaded and computed once and reductions reduce
@@ -276,6 +277,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
     "stats" walks once and stores the program's partial row results; "main" loads the SPLIT partials of its
     rows in place of the walk's column accumulators, so that the walk's own finish combines them, then walks
     its columns again to store.
+    given (persistent only): the input already held as a whole-row tile (a GEMM's product), never loaded.
     """
     e = _Emitter(plan)
     pad = "    " * ind
@@ -286,6 +288,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
         e.pre = one
         blocks.append([f"{pad}cols = tl.arange(0, BLOCK_C)[None, :]  # the whole row"])
         blocks.append(one)
+        one.cache.update({(node, COLS): given for node, m in e.inputs.items() if m.name == given})
 
     def walk(inits, body, after):
         blocks.append(inits)
@@ -516,6 +519,28 @@ def emit_row_kernel(op: str, plan: RowPlan, kname: str) -> str:
     return src + ("\n\n" + _column_kernel(plan, kname)[0] if n_col else "")
 
 
+def emit_row_tile(plan: RowPlan, fname: str, value: str) -> tuple[str, list[str]]:
+    """A row plan's persistent work as a function a GEMM kernel calls on its tile when the tile holds whole
+    rows: `value` (one of the plan's inputs, the product) is the tile itself, the other inputs are loaded by
+    row as the row kernel loads them, and the outputs are stored as it stores them. A function of its own, so
+    that the plan's names (its sizes among them) never meet the GEMM kernel's. Returns its source and its
+    parameters (the pointers, row strides, sizes and attributes the caller passes after the tile and rows)."""
+    _, blocks = _section(plan, True, 1, given=value)
+    params = [f"{a.name}_ptr" for a in plan.inputs if a.name != value] + [f"{o.name}_ptr" for o in plan.outputs]
+    params += [f"{a.name}_row_stride" for a in plan.inputs if a.row_strided and a.name != value]
+    params += atoms(plan.symbols) + plan.attrs
+    reads = ", ".join(a.name for a in plan.inputs)
+    src = "\n".join(["@triton.jit", f"def {fname}(", f"    {value},", "    rows,", *[f"    {p}," for p in params],
+                     "    BLOCK_R: tl.constexpr,", "    BLOCK_C: tl.constexpr,", "):",
+                     f'    """{plan.name} on a tile of whole rows: reads {reads}; writes '
+                     f'{", ".join(o.name for o in plan.outputs)}."""',
+                     f"    n_rows = {plan.n_rows}",
+                     f"    n_cols = {plan.n_cols}",
+                     "    rmask = rows < n_rows  # the last tile's rows run past the end",
+                     *_flatten(blocks)]) + "\n"
+    return src, params
+
+
 def split_kernel_names(kname: str) -> tuple[str, str]:
     base = kname.removesuffix("_kernel")
     return f"{base}_split_stats_kernel", f"{base}_split_kernel"
@@ -693,31 +718,41 @@ def launcher_signature(tensor_args: list[str], attrs: list[str]) -> str:
                      ["deterministic: bool = False"])
 
 
+def row_inputs_and_outputs(plan: RowPlan, dims: dict, given: str | None = None, device: str | None = None,
+                           pad: str = "    ") -> list[str]:
+    """Launcher lines: the inputs made dense (or their row stride read), the sizes read off them and checked,
+    the outputs allocated on `device` (the first input's). `given`: an input the launcher does not hold (a
+    product still in the GEMM's tile)."""
+    out = []
+    b = out.append
+    ins = [a for a in plan.inputs if a.name != given]
+    for a in ins:
+        if not a.row_strided:
+            b(f"{pad}{a.name} = {a.name}.contiguous()")
+    for a in ins:
+        if a.row_strided:
+            b(f"{pad}{a.name}, {a.name}_row_stride = _rows_of({a.name})  # no copy for spaced-out rows")
+    names = plan.symbols
+    for name, src in _size_sources(names, {s: d for s, d in dims.items() if not d.startswith(f"{given}.")}).items():
+        b(f"{pad}{name} = {src}")
+    for a in ins:
+        b(f"{pad}_expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
+    out += divisibility_checks(graph_shapes(plan.gm), names, pad)
+    for o in plan.outputs:
+        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        shape = "".join(pysrc(sympy.sympify(d), names) + ", " for d in o.shape)
+        b(f"{pad}{o.name} = torch.empty(({shape}), dtype={dtype}, device={device or ins[0].name + '.device'})")
+    return out
+
+
 def emit_row_launcher(op: str, plan: RowPlan, kname: str, dims: dict, fn_name: str, tensor_args: list[str],
                       runtime_attrs: list[str]) -> str:
     """Allocates outputs and launches the kernel; torch does no math here. `dims`: graph symbol -> source."""
     sig = launcher_signature(tensor_args, runtime_attrs)
-    out = [f"def {fn_name}({sig}):"]
+    out = [f"def {fn_name}({sig}):"] + row_inputs_and_outputs(plan, dims)
     b = out.append
-    used = [a.name for a in plan.inputs]
-    dense = [a.name for a in plan.inputs if not a.row_strided]
-    for u in dense:
-        b(f"    {u} = {u}.contiguous()")
-    for a in plan.inputs:
-        if a.row_strided:
-            b(f"    {a.name}, {a.name}_row_stride = _rows_of({a.name})  # no copy for spaced-out rows")
     names = plan.symbols
-    for name, src in _size_sources(names, dims).items():
-        b(f"    {name} = {src}")
-    for a in plan.inputs:
-        b(f"    _expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
-    out += divisibility_checks(graph_shapes(plan.gm), names)
-    ref = used[0]
-    dev = f"{ref}.device"
-    for o in plan.outputs:
-        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
-        shape = "".join(pysrc(sympy.sympify(d), names) + ", " for d in o.shape)
-        b(f"    {o.name} = torch.empty(({shape}), dtype={dtype}, device={dev})")
+    dev = f"{plan.inputs[0].name}.device"
     b(f"    n_rows, n_cols = {plan.n_rows}, {plan.n_cols}")
     b("    knobs = _knobs(n_rows, n_cols)  # tuned for these sizes, or the defaults")
     b('    BLOCK_C = min(triton.next_power_of_2(max(n_cols, 1)), knobs["MAX_BLOCK_C"])')

@@ -24,7 +24,7 @@ from torch.utils._sympy.functions import FloorDiv
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage, bias_sums
 from opforge.codegen.decompose import sum_terms
-from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
 
@@ -127,6 +127,9 @@ class GemmStage:
     loads: list[str] = field(default_factory=list)  # the epilogue's other inputs, at the product's shape
     scalars: list[str] = field(default_factory=list)  # the epilogue's one-value inputs
     prologues: dict = field(default_factory=dict)  # "a" or "b" -> the Prologue that computes that operand
+    # Row work on the product (log-softmax, a norm): run on the tile when the tile holds whole rows (N within
+    # the GEMM_ROWS_N knob), else by its own row kernel after the product is stored (GlueStage of a row plan)
+    rows: GlueStage | None = None
 
     @property
     def attrs(self) -> list[str]:
@@ -152,7 +155,12 @@ class GemmStage:
     def writes(self) -> list[str]:
         """What the stage stores: the product where it is read later, the epilogue's outputs."""
         return ([self.node] if self.store_product else []) + (
-            [o.name for o in self.epilogue.outputs] if self.epilogue else [])
+            [o.name for o in self.epilogue.outputs] if self.epilogue else []) + (self.rows.outputs if self.rows else [])
+
+    @property
+    def row_reads(self) -> list[str]:
+        """What the row work reads besides the product, which it takes from the tile."""
+        return [n for n in self.rows.inputs if n != self.node] if self.rows else []
 
 
 @dataclass
@@ -264,7 +272,7 @@ class StagedPlan(PlanOfParts):
             if isinstance(s, HostView) and s.reads:
                 out += [(v, "read") for v in s.reads] + [(s.target, "write")]
             elif isinstance(s, GemmStage):
-                out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars]
+                out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars + s.row_reads]
                 out += [(v, "write") for v in s.writes]
             elif isinstance(s, (AttentionStage, LibraryStage)):
                 out += [(v, "read") for v in s.reads] + [(v, "write") for v in s.writes]
@@ -272,8 +280,8 @@ class StagedPlan(PlanOfParts):
                 out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
         return out
 
-    def _parts(self) -> list:  # the GEMM stages reduce nothing across programs; the glue may
-        return self.glue
+    def _parts(self) -> list:  # the GEMM stages reduce nothing across programs; the glue may (and the row
+        return self.glue + [s.rows.plan for s in self.gemms if s.rows]  # kernel of a product too wide may split)
 
 
 def _host_views(gm) -> set:
@@ -516,13 +524,14 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             g_outputs = [n for n in part if n in results or any(u not in members and u in needed and not _symbolic(u)
                                                                   for u in n.users)]
             fused = _fusable(prods, part, g_inputs, g_outputs, results, members)
-            groups.append((part, g_inputs, g_outputs, fused, sizes))
+            rows = _fusable(prods, part, g_inputs, g_outputs, results, members, True) if fused is None else None
+            groups.append((part, g_inputs, g_outputs, fused, rows, sizes))
         for p in prods:
             computed = {operands(p)["ab".index(side)] for side in prologues.get(p, {})}
             for a in p.all_input_nodes + prologue_inputs.get(p, []):
                 if a not in computed:
                     need(a)
-        epilogues = {g[3] for g in groups}
+        epilogues = {g[3] for g in groups} | {g[4] for g in groups}
         for p in prods:
             if p in epilogues:
                 continue
@@ -537,17 +546,33 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                 steps.append(gemm(f"{name}_{next(count)}", p))
             done.add(p)
             done.update(u for u in p.users if _stage_item(u))
-        for part, g_inputs, g_outputs, fused, sizes in groups:
+        for part, g_inputs, g_outputs, fused, rows, sizes in groups:
             target = None  # the product operand this part alone computes, through views: its prologue
             if fused is None and len(g_outputs) == 1 and g_outputs[0] not in results:
                 target = _operand_chain(g_outputs[0], host, needed)
             tile = fused if fused is not None else g_outputs[0] if target else None
+            rows_name = f"{name}_{next(count)}" if rows is not None else None  # named before its glue
             sub = _subgraph(_closure(part), g_inputs, g_outputs, names, sizes,
                             tile.meta["val"] if tile is not None else None)
             plan = plan_glue(f"{name}_{next(count)}", sub, list(dict.fromkeys(names[a] for a in g_inputs)),
                              [(names[n], i) for i, n in enumerate(g_outputs)],
                              {names[n]: result_like.get(n) for n in g_outputs})
             pointwise = isinstance(plan, KernelPlan) and not plan.reductions
+            if rows is not None:
+                stage = gemm(rows_name, rows)
+                if target is None and _row_tile(plan, rows, names[rows]):
+                    for a in g_inputs:
+                        if a is not rows:
+                            need(a)
+                    stage.rows = GlueStage(plan, list(dict.fromkeys(names[a] for a in g_inputs)),
+                                           [names[n] for n in g_outputs])
+                    stage.store_product = rows in results  # returned too (saved for the backward)
+                    steps.append(stage)
+                    done.add(rows)
+                    done.update(g_outputs)
+                    continue
+                steps.append(stage)  # stored, then the glue
+                done.add(rows)
             if target is not None and not pointwise:
                 # an RMSNorm before a product: the row statistics stay a glue stage, the pointwise rest at the
                 # operand's shape (x · rstd · gamma) becomes the product's prologue
@@ -860,11 +885,15 @@ def _gemm(name: str, p, names: dict, result_like: dict) -> GemmStage:
                      a.meta["val"].shape[-1], store_product=True, like=result_like.get(p))
 
 
-def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, results: list, members: set):
+def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, results: list, members: set,
+             rows: bool = False):
     """The product whose glue runs in its epilogue: the glue is pointwise (one flat kernel, no reductions),
     reads this product at the product's own shape and every other full input at that shape too, and nothing
     else reads the product but the pass's output (then the epilogue stores it too). The last such product of
-    the depth, so that the others are stored before it."""
+    the depth, so that the others are stored before it.
+
+    rows: the glue may also reduce along the product's rows (a softmax, a norm) and return values per row: the
+    product whose row work may run on its tile (`_row_tile` decides once the glue is planned). A 2-D product."""
     if not glue_nodes or not prods:
         return None
     for p in reversed(prods):
@@ -873,10 +902,39 @@ def _fusable(prods: list, glue_nodes: list, g_inputs: list, g_outputs: list, res
             continue
         shape = tuple(p.meta["val"].shape)
         fine = all(_broadcasts(a.meta["val"], shape) for a in g_inputs)
+        if rows:
+            outs_fine = len(shape) == 2 and all(tuple(n.meta["val"].shape) in (shape, shape[:1], (shape[0], 1))
+                                                for n in g_outputs)
+            if fine and outs_fine and not any(_moves(n) for n in glue_nodes):
+                return p
+            continue
         outs_fine = all(tuple(n.meta["val"].shape) == shape for n in g_outputs)
         if fine and outs_fine and not any(_reduces(n) for n in glue_nodes):
             return p
     return None
+
+
+def _row_tile(plan, product, name: str) -> bool:
+    """Whether a glue plan's row work can run on the product's tile: one row kernel over the product's own rows
+    and columns, reducing nothing across rows, storing whole rows or one value per row, and reading the
+    product at its own columns (the tile has no others)."""
+    if getattr(plan, "layout", None) != "rows" or plan.chained or plan.reduces_across_programs:
+        return False
+    if any(o.store not in ("full", "row") for o in plan.outputs):
+        return False
+    m, n = (pysrc(expr_of(d), plan.symbols) for d in product.meta["val"].shape)
+    if (plan.n_rows, plan.n_cols) != (m, n):
+        return False
+    value = next((ph for ph in plan.gm.graph.find_nodes(op="placeholder") if ph.name == name), None)
+    stack = list(value.users) if value is not None else []
+    while stack:  # through views, to the ops that read it: none may move its columns
+        u = stack.pop()
+        kind = OP_TABLE[op_name(u.target)].kind if u.op == "call_function" else None
+        if kind == SHIFT:
+            return False
+        if kind == VIEW:
+            stack += list(u.users)
+    return value is not None
 
 
 PROLOGUE_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.unsqueeze.default",
@@ -964,6 +1022,10 @@ def _broadcasts(val, shape: tuple) -> bool:
     return all(str(d) == "1" or str(d) == str(s) for d, s in zip(val.shape[::-1], shape[::-1]))
 
 
+def _moves(n) -> bool:
+    """An op no row kernel on the tile runs: a view the launcher takes, or one the engine does not know."""
+    return OP_TABLE.get(op_name(n.target)) is None or op_name(n.target) in HOST_VIEWS - IDENTITY_VIEWS
+
+
 def _reduces(n) -> bool:
-    rule = OP_TABLE.get(op_name(n.target))
-    return rule is None or rule.kind == REDUCTION or op_name(n.target) in HOST_VIEWS - IDENTITY_VIEWS
+    return _moves(n) or OP_TABLE[op_name(n.target)].kind == REDUCTION

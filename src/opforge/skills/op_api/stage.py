@@ -107,6 +107,7 @@ def _flops(plan, gm, req, binding, n_elem: int) -> int:
     for st in plan.gemms:
         n, k = shape_numel(st.shape, subs), shape_numel([st.k], subs)
         total += 2 * n * k + (len(st.epilogue.body) * n if st.epilogue else 0)
+        total += len(st.rows.plan.body + st.rows.plan.epilogue) * n if st.rows else 0
         for side, pro in st.prologues.items():  # one statement per operand element: M·K for A, K·N for B
             other = st.shape[-1] if side == "a" else st.shape[-2]
             total += len(pro.plan.body) * n * k // max(1, shape_numel([other], subs))
@@ -217,6 +218,8 @@ def _staged_notes(plans: list) -> list[str]:
         for st in p.gemms:
             what = "batched product" if st.batched else "product"
             epi = f", then {len(st.epilogue.body)} fused statements on the tile" if st.epilogue else ""
+            epi += (f", then {st.rows.plan.name}'s row work on the tile where it holds whole rows (up to "
+                    "GEMM_ROWS_N columns; wider products are stored for its row kernel)") if st.rows else ""
             pro = "".join(f", {side.upper()} computed on its tiles from {', '.join(p.loads + p.scalars)}"
                           for side, p in st.prologues.items())
             out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{pro}{epi}; stores {', '.join(st.writes)}.")

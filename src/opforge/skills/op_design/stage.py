@@ -52,10 +52,13 @@ def _gemm_summary(st: GemmStage) -> dict:
         + [{"name": n, "operand": f"prologue of {side.upper()}"} for side, pro in st.prologues.items()
            for n in pro.loads + pro.scalars]
         + [{"name": n, "operand": "broadcast"} for n in st.tiles_in]
-        + [{"name": n, "operand": "scalar"} for n in st.scalars],
+        + [{"name": n, "operand": "scalar"} for n in st.scalars]
+        + [{"name": n, "operand": "row work"} for n in st.row_reads],
         "writes": [{"name": n, "operand": "full", "when": "every program, tile by tile"} for n in st.writes],
         "statements": len(ep.body) if ep else 0,
         "epilogue_fused": ep is not None,
+        # row work (a softmax, a norm) on the tile where it holds whole rows, else this row plan after the store
+        "row_work": st.rows.plan.name if st.rows else None,
         "prologues": {side.upper(): len(pro.plan.body) for side, pro in st.prologues.items()},
         "runtime_attributes": ep.attrs if ep else [],
     }
