@@ -39,6 +39,27 @@ UNSEEN = {
                     "return (torch.nn.functional.leaky_relu(x, slope) + torch.nn.functional.hardswish(x)\n"
                     "            + torch.nn.functional.softplus(x) + torch.relu(x) * x.std(-1, keepdim=True))",
                     [{"N": 5, "M": 7}, {"N": 3, "M": 300}]),
+    # reductions over several trailing dimensions: those dimensions are the columns
+    "layer_norm_chw": ({"x": [["N", "C", "H", "W"], True], "w": [["C", "H", "W"], True],
+                        "b": [["C", "H", "W"], True]}, {},
+                       "return torch.nn.functional.layer_norm(x, x.shape[1:], w, b)",
+                       [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 16, "H": 9, "W": 10}]),
+    "instance_norm": ({"x": [["N", "C", "H", "W"], True]}, {}, "return torch.nn.functional.instance_norm(x)",
+                      [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 3, "H": 40, "W": 50}]),
+    "global_avg_pool": ({"x": [["N", "C", "H", "W"], True]}, {}, "return torch.relu(x).mean((2, 3)) * 2.0",
+                        [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 3, "H": 40, "W": 50}]),
+    # reductions over other dimensions: walked last, as the columns, each input read through its strides
+    "sum_dim1": ({"x": [["B", "D1", "D2"], True]}, {}, "return x.sum(1) * 0.5",
+                 [{"B": 3, "D1": 7, "D2": 5}, {"B": 2, "D1": 130, "D2": 9}]),
+    "amin_dim1": ({"x": [["B", "D1", "D2"], True]}, {}, "return x.amin(1, keepdim=True)",
+                  [{"B": 3, "D1": 7, "D2": 5}, {"B": 2, "D1": 130, "D2": 9}]),
+    "softmax_dim1": ({"x": [["B", "D1", "D2"], True]}, {}, "return torch.softmax(x, 1)",
+                     [{"B": 3, "D1": 7, "D2": 5}, {"B": 2, "D1": 300, "D2": 3}]),
+    "log_softmax_dim0": ({"x": [["N", "C"], True]}, {}, "return torch.log_softmax(x, 0)",
+                         [{"N": 6, "C": 5}, {"N": 300, "C": 7}]),
+    "channel_rms_norm": ({"x": [["N", "C", "H", "W"], True], "w": [["C"], True]}, {"eps": 1e-6},
+                         "return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps) * w[:, None, None]",
+                         [{"N": 2, "C": 6, "H": 3, "W": 5}, {"N": 1, "C": 40, "H": 7, "W": 9}]),
     # values that need finished column or full reductions for every row: chains of kernels
     "center_columns": ({"x": [["N", "M"], True]}, {}, "return x - x.mean(0, keepdim=True)",
                        [{"N": 5, "M": 7}, {"N": 40, "M": 300}]),

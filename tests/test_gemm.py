@@ -377,6 +377,19 @@ def test_row_work_after_a_product_runs_on_the_tile_when_it_holds_whole_rows(tmp_
     assert launches  # 21 columns do not fit: the row kernel ran on the stored product
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_statistics_per_channel_of_a_products_output(tmp_path, dtype):
+    """Batch norm in training over (B, M, N) channels-first views of a linear's output: its statistics reduce
+    B and N per channel, which the glue's row kernel walks as its columns, reading the product through its
+    strides; forward and backward match float64."""
+    path = _request(tmp_path, "linear_bn", {"x": ["B", "N", "K"], "w": ["M", "K"], "g": ["M"], "b": ["M"]},
+                    "return torch.relu(F.batch_norm(F.linear(x, w).transpose(1, 2), None, None, g, b, training=True))",
+                    {"B": 2, "N": 8, "K": 16, "M": 4})
+    req, build, impl = _impl(path, tmp_path)
+    assert len(build.forward.gemms) == 1 and len(build.forward.glue) == 1
+    _check(req, impl, {"B": 3, "N": 9, "K": 20, "M": 5}, dtype, 27)
+
+
 def test_a_product_only_the_row_work_reads_is_never_stored(tmp_path):
     path = _request(tmp_path, "linear_logsoftmax", {"x": ["M", "K"], "w": ["N", "K"]},
                     "return torch.log_softmax(F.linear(x, w), -1)", {"M": 24, "K": 40, "N": 50}, backward=False)
@@ -562,8 +575,7 @@ def test_an_einsum_the_engine_cannot_fuse_is_refused_by_name_at_stage_2(tmp_path
 
 @pytest.mark.parametrize("body, named", [
     ("return torch.sort(F.linear(x, w), dim=-1).values", "aten.sort"),  # an op of two results after a product
-    # batch statistics per channel of (B, M, N): sums over B and N, not yet a row kernel's
-    ("return F.batch_norm(F.linear(x, w).transpose(1, 2), None, None, training=True)", "aten.mean.dim")])
+    ("return F.linear(x, w).transpose(1, 2).cumsum(1)", "aten.cumsum.default")])
 def test_work_after_a_product_the_engine_cannot_lower_is_refused_by_name(tmp_path, body, named):
     from opforge.codegen.plan import Unsupported
 

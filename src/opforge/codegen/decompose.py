@@ -32,7 +32,8 @@ DECOMPOSITIONS = get_decompositions([
     aten.hardsigmoid_backward, aten.hardswish, aten.hardswish_backward, aten.mish, aten.mish_backward,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
     aten.nll_loss_forward, aten.nll_loss_backward, aten._native_batch_norm_legit,
-    aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
+    aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward, aten.native_group_norm,
+    aten.native_group_norm_backward,
 ])
 
 
@@ -74,12 +75,26 @@ def _size_sqrt(x):
     return _SQRT(x)
 
 
+def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                   momentum=0.1, eps=1e-5):
+    """Instance norm from its batch statistics, per sample and channel over the other dimensions: torch's own
+    path reshapes the batch into channels and repeats the weight once per sample."""
+    if not use_input_stats or running_mean is not None or running_var is not None or input.dim() < 3:
+        return NotImplemented
+    var, mean = torch.var_mean(input, list(range(2, input.dim())), correction=0, keepdim=True)
+    out = (input - mean) * torch.rsqrt(var + eps)
+    channels = [1, -1] + [1] * (input.dim() - 2)
+    out = out * weight.view(channels) if weight is not None else out
+    return out + bias.view(channels) if bias is not None else out
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
     torch traces one symbolic graph of ops the engine lowers."""
 
-    TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa}
+    TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa,
+             F.instance_norm: _instance_norm}
 
     def __init__(self):
         super().__init__()
@@ -145,6 +160,20 @@ DECOMPOSITIONS[aten.scatter_add.default] = _scatter_add
 DECOMPOSITIONS[aten.scatter.value] = _scatter
 DECOMPOSITIONS[aten.scatter.src] = _scatter
 
+
+
+def _as_strided(input, size, stride, storage_offset=None):
+    """An as_strided that lays a contiguous value out with its own contiguous strides is a view (group norm's
+    decomposition takes its per-channel scale this way)."""
+    dense = [1]
+    for d in reversed(list(size)[1:]):
+        dense.insert(0, dense[0] * d)
+    if storage_offset or list(stride) != dense or not input.is_contiguous() or input.numel() != math.prod(size):
+        return NotImplemented
+    return input.view(size)
+
+
+DECOMPOSITIONS[aten.as_strided.default] = _as_strided
 
 
 def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):

@@ -204,7 +204,8 @@ class _Emitter:
         # a moved column can fall before the row only where the expression subtracts (cat's later parts)
         mask += [f"({at} >= 0)"] if "-" in col else []
         mask += [f"({at} < {self.ext(i.ext)})"]
-        off = f"{m.row_off} + {at}" if i.dr else at
+        col_off = m.col_off.format(c=at)
+        off = f"{m.row_off} + {col_off}" if i.dr else col_off
         target = m.name if col == COLS else self._target(node, col).replace(node.name, m.name)
         blk.add(f"{target} = _to_f32(tl.load({m.name}_ptr + {off}, mask={' & '.join(mask)}, other=0.0))")
         return target
@@ -380,7 +381,8 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
             v = e.ev(node, COLS, body)
             ext = e.ext(i.ext if i.dc else None)
             val = v if (i.dr and i.dc) else f"{v} + tl.zeros((BLOCK_R, BLOCK_C), tl.float32)"
-            body.add(f"tl.store({o.name}_ptr + rows * {operand(ext)} + cols, _to_dtype({val}, "
+            row_off, col_off = plan.stores.get(o.name, (f"rows * {operand(ext)}", "{c}"))
+            body.add(f"tl.store({o.name}_ptr + {row_off} + {col_off.format(c='cols')}, _to_dtype({val}, "
                      f"{o.name}_ptr.dtype.element_ty), mask=rmask & (cols < {ext}))")
         elif o.store == "row":
             v = e.ev(node, COLS, e.pre)

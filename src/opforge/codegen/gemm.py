@@ -48,9 +48,11 @@ SLICES = {"aten.slice.Tensor"}
 # the launcher: one copy, where the glue's row kernels cannot read parts narrower than the result
 HOST_CATS = {"aten.cat.default"}
 IDENTITY_VIEWS = {"aten.detach.default", "aten.alias.default", "aten.clone.default"}  # the value itself
-# the Tensor method the launcher takes each view with (an _unsafe_view follows a copy: reshape)
+# the Tensor method the launcher takes each view with (an _unsafe_view follows a copy: reshape). A view is a
+# reshape: a stage stores its outputs dense, where eager's strides followed the value's inputs (the gradient
+# of a transposed product), so a view the trace took may need the copy that reshape makes
 VIEW_METHODS = {"aten.t.default": "t", "aten.transpose.int": "transpose", "aten.permute.default": "permute",
-                "aten.view.default": "view", "aten._unsafe_view.default": "reshape", "aten.reshape.default": "reshape",
+                "aten.view.default": "reshape", "aten._unsafe_view.default": "reshape", "aten.reshape.default": "reshape",
                 "aten.expand.default": "expand", "aten.unsqueeze.default": "unsqueeze", "aten.squeeze.dim": "squeeze",
                 "aten.squeeze.dims": "squeeze", "aten.slice.Tensor": "narrow"}
 

@@ -25,7 +25,7 @@ backward `slice_backward`) move columns: a value is emitted at a column expressi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
@@ -80,6 +80,7 @@ class RowInput:
     col_stride: int  # 1, or 0 when broadcast along the columns
     shape: list
     row_strided: bool = False  # rows may be evenly spaced further apart than n_cols (a slice of a wider tensor)
+    col_off: str = "{c}"  # element offset within a row, Python source over the column index `{c}`
 
 
 @dataclass
@@ -115,6 +116,9 @@ class RowPlan:
     op_counts: dict = field(default_factory=dict)
     dims: dict = field(default_factory=dict)  # graph symbol -> source reading it off an input
     input_names: list = field(default_factory=list)
+    # full outputs of a walk in another order than the space's (a softmax over dim 1): name -> (row offset over
+    # `rows`, column offset over `{c}`)
+    stores: dict = field(default_factory=dict)
 
     layout = "rows"
 
@@ -216,7 +220,8 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
     _pair_online(reductions, info)
     return RowPlan(name, gm, p.inputs, outs, wanted, attrs, info, reductions, pysrc(p.R, sym_names),
-                   pysrc(p.C, sym_names), sym_names, phases, p.counts, input_names=list(input_names))
+                   pysrc(p.C, sym_names), sym_names, phases, p.counts, input_names=list(input_names),
+                   stores=p.stores)
 
 
 def _is_tensor(n) -> bool:
@@ -243,25 +248,121 @@ def _iteration_space(graph: torch.fx.Graph, needed, env) -> list:
     return shape_of(big, env) or [sympy.Integer(1)]
 
 
-def _row_offset_terms(shape: list, space: list, env, sym_names: dict) -> list[str]:
-    """A broadcast input's row offset, as terms to add: for each row dimension of the space it does not
-    broadcast along, the row's index along it times the input's stride there."""
-    pad = len(space) - len(shape)
+def _layout(graph: torch.fx.Graph, needed, space: list, env) -> tuple[tuple, int]:
+    """The order the kernel walks the space's dimensions in, and how many of them (the first `split`) are the
+    rows; the rest are the columns. Each reduction of a value at the space's shape is a row reduction when its
+    dimensions are walked last (a mean over H and W, a LayerNorm over (C, H, W), a sum over dim 1 of (B, D1,
+    D2)), or, a sum, a column reduction when they are walked first (a norm's weight gradient); the layout all
+    of them accept with the most row reductions wins, the space's own order among equals. Inputs are read
+    through their strides in that order. Slices and column indices move along the last dimension only."""
+    n, one = len(space), sympy.Integer(1)
+    identity = tuple(range(n))
+    options = []  # per reduction (or spread): {layout: whether it is a row reduction there}
+    spreads = []  # spreads over other than trailing dimensions: their layout only where no reduction decides
+    for node in graph.nodes:
+        if node not in needed or node.op != "call_function":
+            continue
+        rule = OP_TABLE.get(op_name(node.target))
+        if rule is not None and rule.kind in (SHIFT, COLUMN):
+            return identity, n - 1
+        trivial = {d for d in range(n) if same(space[d], one, env)}
+        if op_name(node.target) == "aten.expand.default" and len(shape_of(node, env)) == n:
+            # a per-row value spread over the dimensions a reduction took (the gradient of a mean over H and W
+            # as the space lies; of a sum over dim 1 walked last, where nothing else decides)
+            src = shape_of(node.args[0], env)
+            ones = {d for d in range(len(src)) if same(src[d], one, env)} - trivial if len(src) == n else set()
+            if ones and not set(range(n)) - trivial <= ones:
+                spread = _canonical([d for d in range(n) if d not in ones], sorted(ones), trivial)
+                (options if spread[0] == identity else spreads).append({spread: False})
+            continue
+        if rule is None or rule.kind != REDUCTION or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        shape = shape_of(node.args[0], env)
+        if len(shape) != n or not all(same(d, s, env) for d, s in zip(shape, space)):
+            continue
+        dims = set(_dims(node.args[1] if len(node.args) > 1 else None, n)) - trivial
+        if not dims or len(dims | trivial) == n:
+            continue  # nothing reduced, or everything: any layout does
+        kept = [d for d in range(n) if d not in dims]
+        found = {_canonical(kept, sorted(dims), trivial): True}  # the reduced dimensions walked last: rows
+        if REDUCE_KIND[op_name(node.target)] in ("sum", "mean"):  # or first, summed down the columns
+            found.setdefault(_canonical(sorted(dims), kept, trivial), False)
+        options.append(found)
+    options = options or spreads
+    common = set.intersection(*(set(o) for o in options)) if options else set()
+    if not common:
+        return identity, n - 1
+    # the space's own order where it does (sums down its columns spread over every program), else the one
+    # with the most row reductions (a walk in one kernel, not a chain)
+    return max(sorted(common), key=lambda lay: (lay[0] == identity, sum(o[lay] for o in options)))
+
+
+def _canonical(rows: list, cols: list, trivial: set) -> tuple:
+    """The layout walking `rows` then `cols`, each in the space's order, with the size-1 dimensions (walked by
+    nobody) moved to keep the space's own order where they can: (0, 2, 1) with dimension 1 of size 1 is the
+    identity."""
+    rows, cols = [d for d in rows if d not in trivial], [d for d in cols if d not in trivial]
+    for d in sorted(trivial):
+        (rows if not cols or d < min(cols) else cols).append(d)
+    rows, cols = sorted(rows), sorted(cols)
+    return tuple(rows + cols), len(rows)
+
+
+def _dense_strides(shape: list) -> list:
     strides, acc = [], sympy.Integer(1)
     for d in shape[::-1]:
         strides.append(acc)
         acc = acc * d
-    strides = strides[::-1]
-    terms, inner = [], sympy.Integer(1)
-    for k in range(len(space) - 2, -1, -1):
-        j = k - pad
-        if j >= 0 and not same(shape[j], sympy.Integer(1), env) and not same(space[k], 1, env):
-            # the row's index along dimension k; the outermost needs no modulo (rows < n_rows)
-            coord = "rows" if inner == 1 else f"(rows // {operand(pysrc(inner, sym_names))})"
-            coord = coord if k == 0 else f"({coord} % {operand(pysrc(space[k], sym_names))})"
-            stride = strides[j]
-            terms.append(coord if stride == 1 else f"{coord} * {operand(pysrc(stride, sym_names))}")
+    return strides[::-1]
+
+
+def _reshaped(node, env) -> list | None:
+    """The shape an input is read at when nothing reads it but chains of reshapes that all end at one shape
+    (a weight of C values viewed as (C, 1, 1)), which keep its flat order; else None."""
+    users = [u for u in node.users if u.op == "call_function" and op_name(u.target) != "aten.sym_size.int"]
+    if not users or any(op_name(u.target) not in _RESHAPES for u in users):
+        return None
+    ends = [_reshaped(u, env) or shape_of(u, env) for u in users]
+    return ends[0] if all(len(e) == len(ends[0]) and all(same(a, b, env) for a, b in zip(e, ends[0]))
+                          for e in ends) else None
+
+
+_RESHAPES = {"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.unsqueeze.default",
+             "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.detach.default",
+             "aten.alias.default", "aten.clone.default"}
+
+
+def _offset_terms(shape: list, strides: list, space: list, dims: range, index: str, env, names: dict) -> list[str]:
+    """An input's offset along some walked dimensions (`dims` of the walked space: the rows', or the columns'),
+    as terms to add: for each run of them it does not broadcast along and holds densely (one coordinate, as
+    `rows` is for a (N, G, 1) scale on (N, G, 64)), the index's coordinate there times the input's stride.
+    `shape` and `strides` are the input's, in the walked order; the outermost dimension needs no modulo (the
+    index stays below the product of their extents)."""
+    terms, inner, one = [], sympy.Integer(1), sympy.Integer(1)
+    run = None  # [inner extent below the run, the run's stride, its extent, whether it reaches the last dim]
+
+    def close():
+        if run is not None:
+            low, stride, extent, outer = run
+            coord = index if low == 1 else f"({index} // {operand(pysrc(low, names))})"
+            coord = coord if outer else f"({coord} % {operand(pysrc(extent, names))})"
+            terms.append(coord if stride == 1 else f"{coord} * {operand(pysrc(stride, names))}")
+
+    for k in reversed(dims):
+        if same(space[k], one, env):
+            continue  # walked by nobody: the run goes on past it
+        if same(shape[k], one, env):  # broadcast along k
+            close()
+            run = None
+        elif run is not None and same(strides[k], run[1] * run[2], env):
+            run[2] = run[2] * space[k]
+        else:
+            close()
+            run = [inner, strides[k], space[k], False]
         inner = inner * space[k]
+        if run is not None:
+            run[3] = all(same(space[j], one, env) for j in dims if j < k)
+    close()
     return terms
 
 
@@ -288,7 +389,10 @@ class _RowPlanner:
         self.needed = needed
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.space = _iteration_space(self.graph, needed, self.env)
-        self.R, self.C = product(self.space[:-1]), self.space[-1]
+        self.perm, self.split = _layout(self.graph, needed, self.space, self.env)
+        self.walked = [self.space[j] for j in self.perm]  # the space in the order the kernel walks it
+        self.R, self.C = product(self.walked[:self.split]), product(self.walked[self.split:])
+        self.stores: dict = {}  # full outputs of a reordered walk: name -> (row offset, column offset)
         self.info: dict = {}
         self.inputs: list[RowInput] = []
         self.reductions: list[RowReduction] = []
@@ -313,16 +417,20 @@ class _RowPlanner:
         if not _is_tensor(node):
             raise Unsupported([], f"input {pname} is not a tensor")
         m = self.map_input(node, pname)
-        self.inputs.append(m)
         dc = m.col_stride == 1
-        narrow = dc and m.layout != "flat" and not same(m.shape[-1], self.C, self.env)
+        narrow = dc and m.layout != "flat" and (self.perm, self.split) == (tuple(range(len(self.space))),
+                                                                           len(self.space) - 1) and \
+            not same(m.shape[-1], self.C, self.env)
         self.info[node] = Info(m.layout in ("flat", "broadcast", "row"), dc,
                                (m.shape[-1] if narrow else self.C) if dc else None, 0)
+        self.inputs.append(replace(m, shape=shape_of(node, self.env)))  # the launcher checks its own shape
 
     def map_input(self, node, pname: str) -> RowInput:
         """How an input lies on the iteration space: one value, a broadcast, or by its numel in flat order."""
         env, space, R, C = self.env, self.space, self.R, self.C
-        shape = shape_of(node, env)
+        own = shape_of(node, env)
+        shape = _reshaped(node, env) or own
+        viewed = len(shape) != len(own) or not all(same(a, b, env) for a, b in zip(shape, own))
         numel = product(shape)
         i = self.placeholders.index(node)
         if same(numel, sympy.Integer(1), env):
@@ -330,34 +438,58 @@ class _RowPlanner:
         # right-aligned broadcast, as torch does it
         if len(shape) <= len(space) and all(same(d, s, env) or same(d, sympy.Integer(1), env)
                                             for d, s in zip(shape[::-1], space[::-1])):
-            return self.broadcast_input(pname, i, shape)
+            return self.broadcast_input(pname, i, shape, viewed)
+        if self.perm != tuple(range(len(space))):
+            walked = [self.walked[:self.split], self.walked[self.split:]]
+            for layout, part in (("row", walked[0]), ("col", walked[1])):  # one value per row, or per column
+                part = [d for d in part if not same(d, sympy.Integer(1), env)]
+                if [str(d) for d in shape if not same(d, sympy.Integer(1), env)] == [str(d) for d in part]:
+                    return RowInput(pname, i, False, layout, "rows" if layout == "row" else "0", int(layout == "col"),
+                                    shape)
+            raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not broadcast onto the "
+                                  f"space {[str(d) for d in space]}, which the kernel walks in another order")
         if same(numel, R * C, env):
             return RowInput(pname, i, True, "flat", "rows * n_cols", 1, shape)
         if same(numel, R, env):
             return RowInput(pname, i, False, "row", "rows", 0, shape)
         if same(numel, C, env):
             return RowInput(pname, i, False, "col", "0", 1, shape)
-        if shape and len(shape) <= len(space) and all(same(d, s, env) or same(d, sympy.Integer(1), env)
-                                                      for d, s in zip(shape[-2::-1], space[-2::-1])):
+        fits = [same(d, s, env) or same(d, sympy.Integer(1), env) for d, s in zip(shape[::-1], space[::-1])]
+        if shape and len(shape) <= len(space) and self.split == len(space) - 1 and all(fits[1:]):
             # narrower rows that broadcast onto the space (cos and sin of GPT-J's pairs, each half the row):
             # read only at the columns a slice or an interleave moves them to
-            return self.broadcast_input(pname, i, shape, narrow=True)
+            return self.broadcast_input(pname, i, shape)
+        rows = space[:self.split]
+        if len(shape) <= len(rows) and all(same(d, s, env) or same(d, sympy.Integer(1), env)
+                                           for d, s in zip(shape[::-1], rows[::-1])):
+            # a broadcast onto the rows alone (a per-channel scale of a mean over H and W): one value per row
+            return self.broadcast_input(pname, i, shape + [sympy.Integer(1)] * (len(space) - self.split))
         raise Unsupported([], f"input {pname} of shape {[str(d) for d in shape]} does not map onto the iteration "
                               f"space {[str(d) for d in space]} (not a broadcast, nor one value per row or column)")
 
-    def broadcast_input(self, pname: str, i: int, shape: list, narrow: bool = False) -> RowInput:
-        """An input that broadcasts onto the space: it differs by row where its row offset has terms."""
-        env, space = self.env, self.space
-        pad = len(space) - len(shape)
-        terms = _row_offset_terms(shape, space, env, self.sym_names)
-        col = 1 if narrow or (shape and not same(shape[-1], sympy.Integer(1), env) and same(shape[-1], self.C, env)) \
-            else 0
-        dr = bool(terms)
-        if dr and col and pad == 0 and all(same(d, s, env) for d, s in zip(shape, space)):
+    def broadcast_input(self, pname: str, i: int, shape: list, viewed: bool = False) -> RowInput:
+        """An input that broadcasts onto the space: it differs by row where its row offset has terms, by column
+        where its column offset has. `viewed`: `shape` is a reshape of the input's own (rows of another stride)."""
+        env, n, split = self.env, len(self.space), self.split
+        row_off, col_off = self.offsets(shape)
+        dr, col = row_off != "0", col_off != "0"
+        whole = len(shape) == n and all(same(d, s, env) for d, s in zip(shape, self.space))
+        if whole and split == n - 1 and self.perm == tuple(range(n)) and not viewed:
             # the iteration space itself: rows one stride apart, so a row-strided view needs no copy
-            return RowInput(pname, i, True, "flat", f"rows * {pname}_row_stride", 1, shape, len(shape) >= 2)
-        layout = "broadcast" if dr and col else ("row" if dr else ("col" if col else "scalar"))
-        return RowInput(pname, i, dr and bool(col), layout, " + ".join(terms) or "0", col, shape)
+            return RowInput(pname, i, True, "flat", f"rows * {pname}_row_stride", 1, shape, True)
+        layout = "flat" if whole else "broadcast" if dr and col else ("row" if dr else ("col" if col else "scalar"))
+        return RowInput(pname, i, dr and col, layout, row_off, int(col), shape, col_off=col_off)
+
+    def offsets(self, shape: list) -> tuple[str, str]:
+        """(row offset over `rows`, column offset over `{c}`) of a dense tensor of `shape`, right-aligned on the
+        space as torch broadcasts it."""
+        n = len(self.space)
+        full = [sympy.Integer(1)] * (n - len(shape)) + list(shape)
+        strides = _dense_strides(full)
+        walked, strides = [full[j] for j in self.perm], [strides[j] for j in self.perm]
+        rows = _offset_terms(walked, strides, self.walked, range(self.split), "rows", self.env, self.sym_names)
+        cols = _offset_terms(walked, strides, self.walked, range(self.split, n), "{c}", self.env, self.sym_names)
+        return " + ".join(rows) or "0", " + ".join(cols) or "0"
 
     # computed values
 
@@ -371,8 +503,13 @@ class _RowPlanner:
             return self.column_index(node, key)
         if rule.kind == VIEW:
             # views keep the flat order, so a value stays at its (row, column); slices and reductions of a
-            # view whose last dimensions no longer span one row are refused where they happen
-            return self.info[node.args[0]]
+            # view whose last dimensions no longer span one row are refused where they happen. A walk in
+            # another order has no flat order: only what is not a whole tile may be viewed
+            src = self.info[node.args[0]]
+            if src.dr and src.dc and self.perm != tuple(range(len(self.space))) and \
+                    shape_of(node, self.env) != shape_of(node.args[0], self.env):
+                raise Unsupported([key], f"{node.name} reshapes a value the kernel walks in another order")
+            return src
         if rule.kind == SHIFT:
             return _shift_info(node, key, self.info, self.env, self.combine)
         if rule.kind == REDUCTION:
@@ -450,6 +587,11 @@ class _RowPlanner:
         """Dims of a value's shape that run along the columns, and the non-trivial ones along the rows."""
         shape = shape_of(node, self.env)
         i = self.info[node]
+        pad = len(self.space) - len(shape)
+        if self.perm != tuple(range(len(self.space))) and pad >= 0:  # right-aligned on the space, walked in order
+            cdims = sorted(j - pad for j in self.perm[self.split:] if j >= pad) if i.dc else []
+            rdims = [j - pad for j in self.perm[:self.split] if j >= pad and not same(shape[j - pad], 1, self.env)]
+            return cdims, rdims if i.dr else []
         split = len(shape)
         if i.dc:
             split = None
@@ -503,6 +645,8 @@ class _RowPlanner:
         else:
             raise Unsupported([], f"output {oname} of shape {[str(d) for d in shape]} does not map onto the "
                                   f"iteration space {[str(d) for d in self.space]}")
+        if store == "full" and self.perm != tuple(range(len(self.space))):
+            self.stores[oname] = self.offsets(shape)
         return OutArg(oname, node.name, store == "full", store in ("scalar", "col") and bool(i.post),
                       shape, like, i.exact, True, store)
 
