@@ -52,7 +52,8 @@ IDENTITY_VIEWS = {"aten.detach.default", "aten.alias.default", "aten.clone.defau
 # reshape: a stage stores its outputs dense, where eager's strides followed the value's inputs (the gradient
 # of a transposed product), so a view the trace took may need the copy that reshape makes
 VIEW_METHODS = {"aten.t.default": "t", "aten.transpose.int": "transpose", "aten.permute.default": "permute",
-                "aten.view.default": "reshape", "aten._unsafe_view.default": "reshape", "aten.reshape.default": "reshape",
+                "aten.view.default": "reshape", "aten._unsafe_view.default": "reshape",
+                "aten.reshape.default": "reshape",
                 "aten.expand.default": "expand", "aten.unsqueeze.default": "unsqueeze", "aten.squeeze.dim": "squeeze",
                 "aten.squeeze.dims": "squeeze", "aten.slice.Tensor": "narrow"}
 
