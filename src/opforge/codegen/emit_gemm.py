@@ -266,7 +266,6 @@ def emit_gemm_kernel(op: str, st: GemmStage) -> str:
         for s in st.epilogue.body:
             b(f"    {s.target} = {s.expr}  # {s.comment}")
     if st.rows:
-        _, row_params = _row_tile(op, st)
         b("    if ROWS_IN_TILE:  # the tile holds whole rows (N <= BLOCK_N): the row work runs on it")
         b(f"        {row_tile_name(op, st)}(")
         lines.extend(textwrap.wrap(f"c, rm[:, None], {', '.join(f'rows_{q}' for q in row_params)}, "
