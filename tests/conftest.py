@@ -113,8 +113,8 @@ def ws_copy(built_ws, tmp_path) -> Path:
 
 # A request the deterministic engine has no lowering for (a scan): a run ends BLOCKED_API, a model may build it.
 SCAN_REQUEST = """\
-name: scaled_cumsum
-description: Row-wise running sum, scaled; a scan the templates have no lowering for
+name: scaled_roll
+description: Each row rotated by one column, then scaled; a roll the engine has no lowering for
 category: other
 inputs:
   x: {shape: [N, M], dtype: [float32]}
@@ -132,5 +132,5 @@ import torch
 
 
 def forward(x: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
-    return torch.cumsum(x, dim=-1) * alpha
+    return torch.roll(x, 1, -1) * alpha
 """

@@ -121,6 +121,7 @@ CATALOG = {
     "layer_norm": (layer_norm, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "add_rms_norm": (add_rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "softmax": (softmax, [{"N": 3, "V": 5}, {"N": 37, "V": 129}], "row"),
+    "cumsum": (lambda x: torch.cumsum(x, -1), [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "row"),
     "cross_entropy": (cross_entropy, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
     "cross_entropy_labels": (cross_entropy_labels, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
     "swiglu": (swiglu, [{"N": 3, "M": 5}, {"N": 37, "M": 129}], None),

@@ -44,11 +44,11 @@ def blocked(tmp_path_factory) -> tuple[Path, object]:
 def test_op_run_table_on_stdout_progress_and_reason_on_stderr(blocked):
     _, res = blocked
     assert res.exit_code == 2, res.output  # BLOCKED_API is bad input
-    assert TABLE in res.stdout and "requirement" in res.stdout and "aten.cumsum" in res.stdout
+    assert TABLE in res.stdout and "requirement" in res.stdout and "aten.roll" in res.stdout
     assert "stage 1 start" not in res.stdout and "BLOCKED_API:" not in res.stdout
     err = res.stderr.strip().splitlines()
     assert err[0] == "stage 1 start: requirement" and any(ln.startswith("stage 2 blocked") for ln in err)
-    assert err[-1].startswith("BLOCKED_API: no Triton lowering for: aten.cumsum") and TABLE not in res.stderr
+    assert err[-1].startswith("BLOCKED_API: no Triton lowering for: aten.roll") and TABLE not in res.stderr
 
 
 def test_op_status_and_gate_print_results_on_stdout(blocked):

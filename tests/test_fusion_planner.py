@@ -125,7 +125,8 @@ def test_unseen_composition_builds_and_matches_float64(tmp_path, name):
 
 
 REFUSED = {
-    "cumsum": ("return torch.cumsum(x, dim=-1)", "aten.cumsum.default"),
+    "roll": ("return torch.roll(x, 1, -1)", "aten.roll.default"),
+    "flip": ("return torch.flip(x, [-1]) * 2", "aten.flip.default"),  # a flip around no scan moves columns
     "sort": ("return torch.sort(x, dim=-1).values * 2", "aten.sort"),
 }
 
@@ -140,16 +141,16 @@ def test_outside_the_supported_set_is_refused_by_name(tmp_path, case):
 
 
 def test_cli_stops_in_stage_2_with_the_op_named(tmp_path):
-    d = write_request(tmp_path, "cumsum_op", {"x": [["N", "M"], True]}, {}, "return torch.cumsum(x, dim=-1) * 2",
+    d = write_request(tmp_path, "roll_op", {"x": [["N", "M"], True]}, {}, "return torch.roll(x, 1, -1) * 2",
                       [{"N": 5, "M": 7}])
     proc = subprocess.run([sys.executable, "-m", "opforge", "op", "run", str(d), "--out", str(tmp_path / "ws")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("BLOCKED_API") and "aten.cumsum.default" in last
+    assert last.startswith("BLOCKED_API") and "aten.roll.default" in last
     report = (tmp_path / "ws" / "API_REPORT.md").read_text()
-    assert "## Unsupported" in report and "aten.cumsum.default" in report
+    assert "## Unsupported" in report and "aten.roll.default" in report
 
 
 def test_docs_op_table_is_generated_from_the_code():

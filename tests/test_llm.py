@@ -32,13 +32,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _scaled_cumsum_kernel(x_ptr, out_ptr, n_rows, n_cols, alpha, BLOCK: tl.constexpr):
+def _scaled_roll_kernel(x_ptr, out_ptr, n_rows, n_cols, alpha, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < tl.where(row < n_rows, n_cols, 0)
-    # a running sum of a thousand float32 terms drifts past the tolerance; float64 keeps it to one rounding
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float64)
-    y = tl.cumsum(x, axis=0) * alpha
+    x = tl.load(x_ptr + row * n_cols + (cols + n_cols - 1) % n_cols, mask=mask)  # column c - 1, wrapping
+    y = x * alpha
     tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -48,28 +47,28 @@ def _launch(x: torch.Tensor, alpha: float) -> torch.Tensor:
     n_cols = x.size(-1)
     n_rows = x.numel() // max(n_cols, 1)
     block = triton.next_power_of_2(max(n_cols, 1))
-    _scaled_cumsum_kernel[(max(n_rows, 1),)](x, out, n_rows, n_cols, alpha, BLOCK=block)
+    _scaled_roll_kernel[(max(n_rows, 1),)](x, out, n_rows, n_cols, alpha, BLOCK=block)
     return out
 
 
-@torch.library.custom_op("opforge::scaled_cumsum", mutates_args=())
-def _scaled_cumsum_op(x: torch.Tensor, alpha: float, deterministic: bool) -> torch.Tensor:
+@torch.library.custom_op("opforge::scaled_roll", mutates_args=())
+def _scaled_roll_op(x: torch.Tensor, alpha: float, deterministic: bool) -> torch.Tensor:
     return _launch(x, alpha)
 
 
-@_scaled_cumsum_op.register_fake
+@_scaled_roll_op.register_fake
 def _(x, alpha, deterministic):
     return torch.empty_like(x)
 
 
-def scaled_cumsum(x, alpha=1.5, deterministic=False):
-    return _scaled_cumsum_op(x, float(alpha), deterministic)
+def scaled_roll(x, alpha=1.5, deterministic=False):
+    return _scaled_roll_op(x, float(alpha), deterministic)
 '''
-WRONG = RIGHT.replace("y = tl.cumsum(x, axis=0) * alpha", "y = tl.cumsum(x, axis=0)")  # forgets the scale
-TORCH_MATH = RIGHT.replace("    _scaled_cumsum_kernel[(max(n_rows, 1),)](x, out, n_rows, n_cols, alpha, BLOCK=block)\n"
-                           "    return out", "    return torch.cumsum(x, dim=-1) * alpha")
-READS_GOLDEN = RIGHT.replace("def scaled_cumsum(x, alpha=1.5, deterministic=False):",
-                             "_G = 'scaled_cumsum_golden'\n\n\ndef scaled_cumsum(x, alpha=1.5, deterministic=False):")
+WRONG = RIGHT.replace("y = x * alpha", "y = x")  # forgets the scale
+TORCH_MATH = RIGHT.replace("    _scaled_roll_kernel[(max(n_rows, 1),)](x, out, n_rows, n_cols, alpha, BLOCK=block)\n"
+                           "    return out", "    return torch.roll(x, 1, -1) * alpha")
+READS_GOLDEN = RIGHT.replace("def scaled_roll(x, alpha=1.5, deterministic=False):",
+                             "_G = 'scaled_roll_golden'\n\n\ndef scaled_roll(x, alpha=1.5, deterministic=False):")
 REACHES_CHECKER = RIGHT.replace("import triton\n", "import triton\nimport opforge.verify.cases as _cases\n", 1)
 assert WRONG != RIGHT and TORCH_MATH != RIGHT and READS_GOLDEN != RIGHT and REACHES_CHECKER != RIGHT
 
@@ -96,7 +95,7 @@ def blocked_ws(tmp_path_factory) -> Path:
     (req / "reference.py").write_text(REFERENCE)
     ws = create_workspace(req, base / "blocked")
     state = run_stages(ws.root)
-    assert state.terminal["status"] == "BLOCKED_API" and "aten.cumsum" in state.terminal["reason"]
+    assert state.terminal["status"] == "BLOCKED_API" and "aten.roll" in state.terminal["reason"]
     return ws.root
 
 
@@ -109,7 +108,7 @@ def ready_ws(blocked_ws, tmp_path_factory) -> Path:
         state = run_stages(dest, only=k, engine="host")
         assert state.stages[k].status == "completed", state.stages[k].reason
     api = json.loads((dest / "api_report.json").read_text())
-    assert api["unsupported"] == [] and api["model_lowered"] == ["aten.cumsum.default"] and api["cost"]
+    assert api["unsupported"] == [] and api["model_lowered"] == ["aten.roll.default"] and api["cost"]
     return dest
 
 
@@ -138,7 +137,7 @@ def test_llm_builds_what_the_templates_refuse(blocked_ws, tmp_path):
     state = json.loads(res.stdout)
     assert state["terminal"]["status"] == "SUCCESS" and state["engine"] == "llm"
     assert state["stages"]["5"]["attempts"] == 2 and state["stages"]["6"]["status"] == "skipped"
-    assert (ws / "scaled_cumsum_impl.py").read_text() == RIGHT
+    assert (ws / "scaled_roll_impl.py").read_text() == RIGHT
     assert json.loads((ws / "precision.json").read_text())["summary"]["all_passed"]
     attempts = [e for e in read_events(ws) if e["kind"] == "llm_attempt"]
     assert [(a["attempt"], a["mode"]) for a in attempts] == [(1, "first_impl"), (2, "precision_fix")]
@@ -146,7 +145,7 @@ def test_llm_builds_what_the_templates_refuse(blocked_ws, tmp_path):
     # the failure summary went back to the model, with the last impl, in attempt 2's first message
     second = next(r for r in requests if "attempt 2 of 5" in json.dumps(r))
     first_user = [m for m in second["messages"] if m["role"] == "user"][0]["content"]
-    assert "mode precision_fix" in first_user and "precision failed" in first_user and "tl.cumsum(x, axis=0)" in \
+    assert "mode precision_fix" in first_user and "precision failed" in first_user and "y = x\n" in \
         first_user
     assert second["messages"][0]["role"] == "system" and "The impl contract" in second["messages"][0]["content"]
     assert {t["function"]["name"] for t in second["tools"]} >= {"write_impl", "check_gates", "run_tests",
@@ -210,10 +209,10 @@ def test_unreachable_endpoint_and_refused_key_block_with_the_reason(ready_ws, tm
 def test_host_engine_holds_a_hand_written_impl_to_the_same_gates(ready_ws, tmp_path):
     ws = _copy(ready_ws, tmp_path)
     state = run_stages(ws, engine="host")
-    assert state.terminal["status"] == "BLOCKED_IMPL" and "scaled_cumsum_impl.py is missing" in \
+    assert state.terminal["status"] == "BLOCKED_IMPL" and "scaled_roll_impl.py is missing" in \
         state.terminal["reason"]
     ws = _copy(ready_ws, tmp_path / "b")
-    (ws / "scaled_cumsum_impl.py").write_text(TORCH_MATH)
+    (ws / "scaled_roll_impl.py").write_text(TORCH_MATH)
     res = runner.invoke(app, ["op", "resume", str(ws), "--engine", "host", "--json"])
     assert res.exit_code == 1
     assert "G5-IMPL-TRITON-ONLY" in json.loads(res.stdout)["terminal"]["reason"]
@@ -249,15 +248,15 @@ def test_no_configuration_for_llm_is_exit_2(blocked_ws, tmp_path, monkeypatch):
 
 
 def test_natural_language_request_becomes_a_valid_request(tmp_path):
-    bad_yaml = REQUEST.replace("category: other", "category: scan")
+    bad_yaml = REQUEST.replace("category: other", "category: rotation")
     script = [tools(("ask_user", {"questions": ["Which dtypes?", "Along which dimension?"]})),
               tools(("write_request", {"request_yaml": bad_yaml, "reference_py": REFERENCE,
                                        "assumptions": ["float32 only"]})),
               tools(("write_request", {"request_yaml": REQUEST, "reference_py": REFERENCE,
-                                       "assumptions": ["float32 only", "the scan runs along the last dimension",
+                                       "assumptions": ["float32 only", "the roll runs along the last dimension",
                                                        "alpha defaults to 1.5"]}))]
     with Replay(script, KEY) as srv:
-        res = runner.invoke(app, ["op", "draft", "a running sum along rows, scaled by alpha", "--interactive",
+        res = runner.invoke(app, ["op", "draft", "each row rotated by one column, scaled by alpha", "--interactive",
                                   "--out", str(tmp_path / "req"), "--json",
                                   "--llm-config", str(_config(tmp_path / "llm.yaml", srv.url))],
                             input="float32\nthe last one\n")
@@ -266,15 +265,15 @@ def test_natural_language_request_becomes_a_valid_request(tmp_path):
     out = json.loads(res.stdout[res.stdout.index("{"):])
     assert [q["answer"] for q in out["questions"]] == ["float32", "the last one"]
     assert "A: the last one" in [m for m in requests[1]["messages"] if m.get("role") == "tool"][0]["content"]
-    assert out["name"] == "scaled_cumsum" and len(out["assumptions"]) == 3
+    assert out["name"] == "scaled_roll" and len(out["assumptions"]) == 3
     refusal = [m for m in requests[2]["messages"] if m.get("role") == "tool"][-1]["content"]
-    assert "category" in refusal and "scan" in refusal  # opforge's own check answered the bad request
+    assert "category" in refusal and "rotation" in refusal  # opforge's own check answered the bad request
     assert sorted(p.name for p in (tmp_path / "req").iterdir()) == ["ASSUMPTIONS.md", "assumptions.json",
                                                                    "reference.py", "request.yaml"]
-    assert "the scan runs along the last dimension" in (tmp_path / "req" / "ASSUMPTIONS.md").read_text()
+    assert "the roll runs along the last dimension" in (tmp_path / "req" / "ASSUMPTIONS.md").read_text()
     from opforge.request import load_request
 
-    assert load_request(tmp_path / "req").name == "scaled_cumsum"
+    assert load_request(tmp_path / "req").name == "scaled_roll"
 
 
 def test_draft_cli_gives_up_clearly_on_a_model_that_never_writes(tmp_path):
@@ -368,7 +367,7 @@ def test_engine_choice(tmp_path, monkeypatch):
 
     assert auto.stage_fn(5, state, default) is default  # auto keeps the templates while they can lower
     assert llm.stage_fn(5, state, default) is not default
-    state.options["model_ops"] = ["aten.cumsum.default"]
+    state.options["model_ops"] = ["aten.roll.default"]
     assert auto.stage_fn(5, state, default) is not default and auto.stage_fn(4, state, default) is not default
     state.set_terminal("BLOCKED_API", "no lowering")
     assert auto.reopens(state) and not Engine().reopens(state)

@@ -39,16 +39,16 @@ def test_a_request_the_engine_cannot_lower_exits_2_naming_the_op(tmp_path):
     req = tmp_path / "bn"
     req.mkdir()
     (req / "request.yaml").write_text(
-        "name: linear_cumsum\ndescription: running sums of a linear's output\ncategory: matmul\n"
+        "name: linear_roll\ndescription: rotated rows of a linear's output\ncategory: matmul\n"
         "inputs:\n  x: {shape: [B, N, K], dtype: [float32]}\n  w: {shape: [M, K], dtype: like x}\n"
         "reference: reference.py:forward\nbackward: true\nshapes:\n  p0: [{B: 2, N: 8, K: 16, M: 4}]\n")
     (req / "reference.py").write_text(
         "import torch.nn.functional as F\n\n\ndef forward(x, w):\n"
-        "    return F.linear(x, w).transpose(1, 2).cumsum(1)\n")
+        "    return F.linear(x, w).transpose(1, 2).roll(1, 1)\n")
     res = CliRunner().invoke(app, ["op", "plan", str(req), "--no-cost", "--json"])
     assert res.exit_code == 2
     out = json.loads(res.stdout)
-    assert not out["buildable"] and out["kernels"] == {} and "aten.cumsum.default" in out["unsupported"]
+    assert not out["buildable"] and out["kernels"] == {} and "aten.roll.default" in out["unsupported"]
     assert res.stderr.strip().splitlines()[-1].startswith("BLOCKED_API: ")
     assert "Traceback" not in res.output
 

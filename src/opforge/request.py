@@ -21,7 +21,8 @@ import yaml
 from opforge.errors import InputError
 
 REQUEST_FILE = "request.yaml"
-CATEGORIES = ("elementwise", "reduction", "norm", "activation", "matmul", "convolution", "attention", "other")
+CATEGORIES = ("elementwise", "reduction", "norm", "activation", "matmul", "convolution", "attention", "scan",
+              "pooling", "other")
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 # integer inputs: class labels and other indices, quantized weights; never differentiated, read exactly
 INDEX_DTYPES = ("int64", "int32", "int8", "bool")  # read exactly, drawn from a range, no gradient

@@ -18,6 +18,7 @@ from opforge.codegen.saved import (
     add_outputs,
     forward_attentions,
     forward_products,
+    forward_scans,
     forward_stats,
     read_instead,
 )
@@ -161,9 +162,18 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
     check_size_relations(req, traced)
     fwd = _plan_forward(req, traced, traced.forward)
-    bwd = _plan_backward(req, traced, traced.backward_graph) if traced.joint is not None else None
+    scans = forward_scans(traced.forward, traced.backward_graph, len(traced.input_names),
+                          len(traced.output_names)) if traced.joint is not None else []
+    if scans:  # saved always: see codegen/saved.py
+        names = [f"saved_{f.name}" for _, f in scans]
+        fwd, bwd = _plan_forward(req, traced, add_outputs(traced.forward, [f for _, f in scans]), names), \
+            _plan_backward(req, traced, read_instead(traced.backward_graph, [b for b, _ in scans], names), names)
+    else:
+        bwd = _plan_backward(req, traced, traced.backward_graph) if traced.joint is not None else None
     build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.kernel_inputs))
-    if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
+    if scans:
+        build.saved = SavedStats(names, 0, (0, 0), "scans")
+    if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan) and not scans:
         _save_stats(req, build)
     if isinstance(fwd, StagedPlan) and isinstance(bwd, StagedPlan):
         _save_products(req, build)

@@ -288,6 +288,45 @@ def drop_full_slices(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+_REVERSED = {aten.cumsum.default: torch.ops.opforge.reverse_cumsum.default,
+             aten.logcumsumexp.default: torch.ops.opforge.reverse_logcumsumexp.default}
+
+
+def reverse_scans(gm: torch.fx.GraphModule) -> None:
+    """flip(flip(x)) is x, and flip(scan(flip(x))) along one dimension is the scan run backwards (how the
+    gradients of cumsum and logcumsumexp are written): a kernel then scans a row from its end, and reads no
+    column back to front."""
+    graph = gm.graph
+
+    def flipped(n, dim=None):  # the flip's source when n flips one dimension (that one, when given)
+        if n.op != "call_function" or n.target != aten.flip.default or len(n.args[1]) != 1:
+            return None
+        rank = n.meta["val"].dim()
+        return n.args[0] if dim is None or n.args[1][0] % rank == dim % rank else None
+
+    for node in list(graph.nodes):
+        src = flipped(node)
+        if src is None:
+            continue
+        dim = node.args[1][0]
+        inner = flipped(src, dim)
+        if inner is not None:
+            node.replace_all_uses_with(inner)
+        elif src.op == "call_function" and src.target in _REVERSED and len(src.users) == 1 and \
+                src.args[1] % node.meta["val"].dim() == dim % node.meta["val"].dim():
+            x = flipped(src.args[0], dim)
+            if x is None:
+                continue
+            with graph.inserting_before(node):
+                rev = graph.create_node("call_function", _REVERSED[src.target], (x, src.args[1]),
+                                        name=f"reverse_{src.name}")
+            rev.meta["val"] = node.meta["val"]
+            node.replace_all_uses_with(rev)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
 RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _REORDERS = RESHAPES | {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.permute.default}
 

@@ -16,11 +16,15 @@ from opforge.codegen.ops import (
     COLUMN,
     CONSTANT,
     OP_TABLE,
+    SCAN,
+    SCAN_FORMS,
+    SCAN_KIND,
     SHIFT,
     SYMBOLIC,
     VIEW,
     block_reduce,
     ieee_nodes,
+    is_reverse_scan,
     op_name,
     reduce_combine,
     upstream,
@@ -61,12 +65,15 @@ _KWARGS_DROPPED = ("pin_memory", "layout", "device", "memory_format")
 
 
 class _Block:
-    def __init__(self, indent: int, cols: bool):
+    def __init__(self, indent: int, cols: bool, loop: bool = False):
         self.lines: list[str] = []
         self.pad = "    " * indent
         self.cols = cols  # inside a column loop: `cols` is defined
         self.cache: dict = {}
         self.exprs: dict = {}
+        # the body of a walk over a row's chunks: the running values its scans carry from chunk to chunk,
+        # initialised before the loop
+        self.carries: list[str] | None = [] if loop else None
 
     def add(self, line: str) -> None:
         self.lines.append(self.pad + line)
@@ -167,6 +174,8 @@ class _Emitter:
             return self.ev(node.args[0], col, blk)
         if rule.kind == SHIFT:
             return self._shift(node, key, col, blk)
+        if rule.kind == SCAN:
+            return self._scan(node, key, col, blk)
         if rule.kind == COLUMN:  # compared with indices loaded as float32: exact below 2**24 columns
             return f"{operand(col)}.to(tl.float32)"
         if rule.kind in ("reduction",):
@@ -189,6 +198,26 @@ class _Emitter:
         blk.add(f"{target} = {expr}  # {key}")
         blk.exprs[expr] = target
         return target
+
+    def _scan(self, node, key: str, col: str, blk: _Block) -> str:
+        """A scan of a chunk along its columns; past the row's end the identity, so that a backward scan starts
+        from the row's last column. In a walk over chunks the chunks already walked come first: their combined
+        total, carried from one chunk to the next (the walk takes them from the row's end when it runs back)."""
+        if col != COLS:
+            raise RuntimeError(f"scan {node.name} at moved columns")  # the planner refuses moving a scan
+        identity, scan, total, combine = SCAN_FORMS[SCAN_KIND[key]]
+        src = node.args[0]
+        x = f"{node.name}_in"
+        blk.add(f"{x} = tl.where(cols < {self.ext(self.p.info[src].ext)}, {self.ev(src, COLS, blk)}, {identity})")
+        scan = scan.format(x=x, r=", reverse=True" if is_reverse_scan(key) else "")
+        blk.add(f"{node.name} = {scan}  # {key}")
+        if blk.carries is not None:
+            carry = f"{node.name}_carry"
+            rows = "BLOCK_R" if self.p.info[node].dr else "1"
+            blk.carries.append(f"{blk.pad[4:]}{carry} = tl.full(({rows}, 1), {identity}, tl.float32)")
+            blk.add(f"{node.name} = {combine.format(a=carry, b=node.name)}")
+            blk.add(f"{carry} = {combine.format(a=carry, b=total.format(x=x))}")
+        return node.name
 
     def _load(self, node, col: str, blk: _Block) -> str:
         m = self.inputs[node]
@@ -293,8 +322,11 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
 
     def walk(inits, body, after):
         blocks.append(inits)
+        blocks.append(body.carries)
+        chunk = "(tl.cdiv(n_cols, BLOCK_C) * BLOCK_C - BLOCK_C - c0)" if plan.reverse else "c0"
+        blocks.append([f"{pad}# the chunks from the row's end: its scans run backwards"] if plan.reverse else [])
         blocks.append([f"{pad}for c0 in range({'c_lo, c_hi' if split else '0, n_cols'}, BLOCK_C):",
-                       f"{pad}    cols = c0 + tl.arange(0, BLOCK_C)[None, :]  # a chunk of the row"])
+                       f"{pad}    cols = {chunk} + tl.arange(0, BLOCK_C)[None, :]  # a chunk of the row"])
         blocks.append(body)
         blocks.append(after)
 
@@ -308,7 +340,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
         if not persistent:
             e.pre = _Block(ind, False)
             blocks.append(e.pre)
-        body = one or _Block(ind + 1, True)
+        body = one or _Block(ind + 1, True, loop=True)
         inits, after = [], []
         parts = []  # split: (accumulator, this program's partial row result, identity) per reduction
         for r in todo:
@@ -371,7 +403,7 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
     if not persistent:
         e.pre = _Block(ind, False)
         blocks.append(e.pre)
-    body = one or _Block(ind + 1, True)
+    body = one or _Block(ind + 1, True, loop=True)
     inits, after = [], []
     n_col = len(plan.col_reductions)
     split_stores: list[str] = []  # row values, stored by one of the programs that share the row

@@ -24,7 +24,7 @@ from torch.utils._sympy.functions import FloorDiv
 from opforge.codegen.attention import ATTENTION, AttentionStage, fuse_attention, side_kind
 from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, AttentionBackwardStage, bias_sums
 from opforge.codegen.decompose import sum_terms
-from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SHIFT, SYMBOLIC, VIEW, op_name
+from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SCAN, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
 from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
 
@@ -1031,4 +1031,4 @@ def _moves(n) -> bool:
 
 
 def _reduces(n) -> bool:
-    return _moves(n) or OP_TABLE[op_name(n.target)].kind == REDUCTION
+    return _moves(n) or OP_TABLE[op_name(n.target)].kind in (REDUCTION, SCAN)

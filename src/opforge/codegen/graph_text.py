@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from opforge.codegen.ops import OP_TABLE, REDUCTION, VIEW, op_name
+from opforge.codegen.ops import OP_TABLE, REDUCTION, SCAN, VIEW, op_name
 from opforge.codegen.symbolic import hint, product, pysrc, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
 
@@ -100,7 +100,7 @@ def dataflow_ascii(gm: torch.fx.GraphModule, input_names: list[str], output_name
 
 
 def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict | None = None) -> list[dict]:
-    """For each wanted output: exact (only exact ops, no reduction), reduced (a reduction upstream) and
+    """For each wanted output: exact (only exact ops, no reduction), reduced (a reduction or scan upstream) and
     reduced_extent, the most elements any upstream reduction sums, as Python over the request's symbols
     (the K of the √K tolerance: a row's length for a norm, every element for a loss)."""
     env = shape_env_of(gm)
@@ -121,7 +121,7 @@ def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict 
         if n.op == "call_function":
             rule = OP_TABLE.get(op_name(n.target))
             exact = bool(rule and rule.exact and rule.kind != REDUCTION)
-            if rule and rule.kind == REDUCTION:
+            if rule and rule.kind in (REDUCTION, SCAN):  # a scan's last element sums its whole dimension
                 extents.append(extent(n))
         for a in n.all_input_nodes:
             e, ext = walk(a)

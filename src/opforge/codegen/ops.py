@@ -18,6 +18,7 @@ POINTWISE, REDUCTION, VIEW, CONSTANT = "pointwise", "reduction", "view", "consta
 SHIFT = "shift"  # slices and concatenations along the last dimension: the same rows, other columns
 SYMBOLIC = "symbolic"  # arithmetic on sizes, evaluated from the kernel's size arguments
 COLUMN = "column"  # the column index (arange over the last dimension): gathers and scatters of one element per row
+SCAN = "scan"  # prefix (or suffix) scans along a row's columns: a running sum, product or log-sum-exp
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,20 @@ def _round_half_even(x):
     f_odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
     r = tl.where((frac > 0.5) | ((frac == 0.5) & f_odd), f + 1.0, f)
     return tl.where(r == 0.0, x * 0.0, r)  # keep the sign of zero: round(-0.4) is -0.0
+''',
+    "_logaddexp": '''
+@triton.jit
+def _logaddexp(a, b):
+    # log(exp(a) + exp(b)), the combine of logcumsumexp: from the larger, so that nothing overflows; equal
+    # arguments (both -inf or both inf among them) add log 2 instead of subtracting infinities
+    m = tl.maximum(a, b)
+    d = tl.where(a == b, 0.0, -tl.abs(a - b))
+    return m + tl.log(1.0 + tl.exp(d))
+''',
+    "_mul": '''
+@triton.jit
+def _mul(a, b):
+    return a * b
 ''',
     "_tanh": '''
 @triton.jit
@@ -243,6 +258,12 @@ OP_TABLE: dict[str, OpRule] = {
     # the column index: gather / scatter of one element per row become selects on it (codegen/decompose.py)
     "aten.arange.default": OpRule(COLUMN, None, True, "tl.arange (the column index)"),
     "aten.arange.start": OpRule(COLUMN, None, True, "tl.arange (the column index)"),
+    # scans along the columns (row planner): a row's chunks in order, a running carry between them
+    "aten.cumsum.default": OpRule(SCAN, None, False, "tl.cumsum"),
+    "opforge.reverse_cumsum.default": OpRule(SCAN, None, False, "tl.cumsum(reverse=True)"),
+    "aten.cumprod.default": OpRule(SCAN, None, False, "tl.cumprod"),
+    "aten.logcumsumexp.default": OpRule(SCAN, None, False, "tl.associative_scan(_logaddexp)"),
+    "opforge.reverse_logcumsumexp.default": OpRule(SCAN, None, False, "tl.associative_scan(_logaddexp, reverse=True)"),
     # sizes: Python arithmetic on shapes, done on the kernel's integer size arguments
     "aten.sym_size.int": OpRule(SYMBOLIC, None, True, "size argument"),
     "aten.sym_numel.default": OpRule(SYMBOLIC, None, True, "product of size arguments"),
@@ -263,6 +284,42 @@ REDUCE_KIND = {
 # (a mean is summed, then divided).
 REDUCE_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}
 REDUCE_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+
+
+# Scans by what they combine: (identity, the scan of a chunk along its columns, the chunk's total per row, two
+# partial results combined), in generated Triton; {x} is the chunk, {r} the argument of a scan that runs backwards.
+SCAN_KIND = {
+    "aten.cumsum.default": "sum", "opforge.reverse_cumsum.default": "sum", "aten.cumprod.default": "prod",
+    "aten.logcumsumexp.default": "logsumexp", "opforge.reverse_logcumsumexp.default": "logsumexp",
+}
+SCAN_FORMS = {
+    "sum": ("0.0", "tl.cumsum({x}, axis=1{r})", "tl.sum({x}, axis=1)[:, None]", "{a} + {b}"),
+    "prod": ("1.0", "tl.cumprod({x}, axis=1{r})", "tl.reduce({x}, 1, _mul)[:, None]", "{a} * {b}"),
+    "logsumexp": ("-float('inf')", "tl.associative_scan({x}, 1, _logaddexp{r})",
+                  "tl.reduce({x}, 1, _logaddexp)[:, None]", "_logaddexp({a}, {b})"),
+}
+
+
+def is_reverse_scan(key: str) -> bool:
+    return key.startswith("opforge.reverse_")
+
+
+# PyTorch's formulas write a suffix scan as flip(scan(flip(x))); decompose.reverse_scans rewrites that into these
+# ops, so that a kernel scans backwards instead of reading its row back to front.
+@torch.library.custom_op("opforge::reverse_cumsum", mutates_args=())
+def reverse_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.flip(dim).cumsum(dim).flip(dim)
+
+
+@torch.library.custom_op("opforge::reverse_logcumsumexp", mutates_args=())
+def reverse_logcumsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.flip(dim).logcumsumexp(dim).flip(dim)
+
+
+@reverse_cumsum.register_fake
+@reverse_logcumsumexp.register_fake
+def _same_shape(x, dim):
+    return torch.empty_like(x)
 
 
 def reduce_combine(kind: str, acc: str, part: str) -> str:

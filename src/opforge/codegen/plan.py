@@ -24,6 +24,7 @@ from opforge.codegen.ops import (
     REDUCE_IDENTITY,
     REDUCE_KIND,
     REDUCTION,
+    SCAN,
     SHIFT,
     SYMBOLIC,
     VIEW,
@@ -241,9 +242,9 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
     if bad:
         raise Unsupported(bad, "no Triton lowering for")
     shaped = [op_name(n.target) for n in graph.nodes
-              if n.op == "call_function" and OP_TABLE[op_name(n.target)].kind in (SHIFT, SYMBOLIC, COLUMN)]
+              if n.op == "call_function" and OP_TABLE[op_name(n.target)].kind in (SHIFT, SYMBOLIC, COLUMN, SCAN)]
     if shaped:
-        raise Unsupported(shaped[:1], "the flat kernel has no column index (slices, sizes): the row kernel")
+        raise Unsupported(shaped[:1], "the flat kernel has no column index (slices, sizes, scans): the row kernel")
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)

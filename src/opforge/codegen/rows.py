@@ -37,9 +37,11 @@ from opforge.codegen.ops import (
     POINTWISE,
     REDUCE_KIND,
     REDUCTION,
+    SCAN,
     SHIFT,
     SYMBOLIC,
     VIEW,
+    is_reverse_scan,
     op_name,
     upstream,
 )
@@ -68,6 +70,7 @@ class Info:
     level: int  # row reductions it depends on, nested
     post: str | None = None  # "scalar" | "col": only after column/full reductions, in the last program
     exact: bool = True
+    scan: bool = False  # holds a scan: its value at a column depends on the row's other columns, so never moved
 
 
 @dataclass
@@ -119,8 +122,14 @@ class RowPlan:
     # full outputs of a walk in another order than the space's (a softmax over dim 1): name -> (row offset over
     # `rows`, column offset over `{c}`)
     stores: dict = field(default_factory=dict)
+    scans: list = field(default_factory=list)  # scan nodes: each walk carries their running value chunk to chunk
 
     layout = "rows"
+
+    @property
+    def reverse(self) -> bool:
+        """Its scans run backwards: every walk takes the row's chunks from the last one."""
+        return any(is_reverse_scan(op_name(n.target)) for n in self.scans)
 
     @property
     def reduce_kinds(self) -> list[str]:
@@ -166,6 +175,7 @@ class RowPlan:
         in the first walk and nothing is reduced across rows, so each program's partial row results meet in a
         first kernel's small buffer and the second walks its columns again to store."""
         return bool(self.row_reductions) and not self.full_reductions and not self.col_reductions and \
+            not self.scans and \
             all(self.phase_of(r) == 0 for r in self.row_reductions) and \
             all(o.store in ("full", "row") for o in self.outputs)
 
@@ -215,13 +225,15 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     for kind_ in ("col", "full"):
         for k, r in enumerate(r for r in reductions if r.axis == kind_):
             r.slot = k
+    if len({is_reverse_scan(op_name(n.target)) for n in p.scans}) > 1:
+        raise Unsupported(sorted({op_name(n.target) for n in p.scans}), "scans forward and backward in one pass")
     outs = [p.output_arg(oname, node, output_like.get(oname)) for (oname, _), node in zip(outputs, wanted)]
     attrs = _attr_names(info)
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
     _pair_online(reductions, info)
     return RowPlan(name, gm, p.inputs, outs, wanted, attrs, info, reductions, pysrc(p.R, sym_names),
                    pysrc(p.C, sym_names), sym_names, phases, p.counts, input_names=list(input_names),
-                   stores=p.stores)
+                   stores=p.stores, scans=p.scans)
 
 
 def _is_tensor(n) -> bool:
@@ -275,9 +287,15 @@ def _layout(graph: torch.fx.Graph, needed, space: list, env) -> tuple[tuple, int
                 spread = _canonical([d for d in range(n) if d not in ones], sorted(ones), trivial)
                 (options if spread[0] == identity else spreads).append({spread: False})
             continue
-        if rule is None or rule.kind != REDUCTION or not isinstance(node.args[0], torch.fx.Node):
+        if rule is None or rule.kind not in (REDUCTION, SCAN) or not isinstance(node.args[0], torch.fx.Node):
             continue
         shape = shape_of(node.args[0], env)
+        if rule.kind == SCAN:  # the scanned dimension alone is the columns
+            if len(shape) == n and all(same(d, s, env) for d, s in zip(shape, space)) and \
+                    node.args[1] % n not in trivial:
+                options.append({_canonical([d for d in range(n) if d != node.args[1] % n], [node.args[1] % n],
+                                           trivial): True})
+            continue
         if len(shape) != n or not all(same(d, s, env) for d, s in zip(shape, space)):
             continue
         dims = set(_dims(node.args[1] if len(node.args) > 1 else None, n)) - trivial
@@ -396,6 +414,7 @@ class _RowPlanner:
         self.info: dict = {}
         self.inputs: list[RowInput] = []
         self.reductions: list[RowReduction] = []
+        self.scans: list = []
         self.counts: dict = {}  # op -> how many nodes call it
         self.cuts: list = []  # finished values a later kernel must be handed, with what they depend on
         self.cut_kinds: list[str] = []
@@ -511,10 +530,28 @@ class _RowPlanner:
                 raise Unsupported([key], f"{node.name} reshapes a value the kernel walks in another order")
             return src
         if rule.kind == SHIFT:
+            if any(self.info[s].scan for s in node.all_input_nodes if s in self.info):
+                raise Unsupported([key], f"{node.name} moves the columns of a scan")
             return _shift_info(node, key, self.info, self.env, self.combine)
         if rule.kind == REDUCTION:
             return self.reduction(node, key)
+        if rule.kind == SCAN:
+            return self.scan(node, key)
         return self.combine(node, [s for s in node.all_input_nodes if s in self.info], rule.exact)
+
+    def scan(self, node, key: str) -> Info:
+        """A running sum, product or log-sum-exp along the columns: computed chunk by chunk in the row's order,
+        each chunk starting from the combined total of the chunks before it."""
+        src = node.args[0]
+        si = self.info[src]
+        shape = shape_of(src, self.env)
+        dim = node.args[1] % len(shape)
+        cdims = [d for d in self.col_dims(src)[0] if not same(shape[d], sympy.Integer(1), self.env)]
+        if not si.dc or si.post or cdims != [dim]:
+            raise Unsupported([key], f"{node.name} scans along dimension {dim}, which is not alone the row the "
+                                     "kernel walks")
+        self.scans.append(node)
+        return replace(si, exact=False, scan=True)
 
     def column_index(self, node, key: str) -> Info:
         """arange over a row: the column index."""
@@ -543,7 +580,7 @@ class _RowPlanner:
         if posts:
             post = "col" if dc else "scalar"
         return Info(dr, dc, exts[0] if exts else None, max((info[s].level for s in srcs), default=0), post,
-                    exact and all(info[s].exact for s in srcs))
+                    exact and all(info[s].exact for s in srcs), any(info[s].scan for s in srcs))
 
     # reductions
 

@@ -12,6 +12,9 @@ product's tile in registers, so storing it costs one write, where recomputing it
 operands again, writes the product anyway, and redoes its 2·M·N·K flops. So are convolutions the library
 computes and attentions whose output the backward reads (an output projection's weight gradient): their
 output is in memory anyway, and the backward would run the attention's forward kernel again.
+
+So are scans the backward reads (logcumsumexp's output, in its gradient): the backward scans backwards over a
+value computed from the forward scan, and a row longer than one chunk cannot be walked both ways at once.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 
 from opforge.codegen.attention_grad import ATTENTION_OP
 from opforge.codegen.gemm import PRODUCTS, SAVED_LIBRARY
-from opforge.codegen.ops import op_name, upstream
+from opforge.codegen.ops import OP_TABLE, SCAN, op_name, upstream
 from opforge.codegen.rows import RowPlan, cut_at
 
 
@@ -31,7 +34,7 @@ class SavedStats:
     names: list[str]  # the backward's extra inputs, the forward's extra outputs, in order
     bytes_saved: int  # at the deciding shape: recomputation's extra walks, less the stats written and read
     walks: tuple[int, int]  # the backward's looped walks: recomputing, with the stats saved
-    what: str = "statistics"  # or "products"
+    what: str = "statistics"  # or "products", "scans"
     flops_saved: int = 0  # products: the backward's recomputing flops
 
 
@@ -89,7 +92,16 @@ def forward_stats(fwd: RowPlan, bwd: RowPlan, fwd_gm, joint_gm, n_inputs: int) -
 def forward_products(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
     """(backward node, forward node) for each matrix product the backward computes again from the inputs to
     find its gradients (the joint graph's outputs after the forward's `n_outputs`)."""
-    kept = PRODUCTS | SAVED_LIBRARY
+    return _recomputed(fwd_gm, joint_gm, n_inputs, n_outputs, PRODUCTS | SAVED_LIBRARY)
+
+
+def forward_scans(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
+    """(backward node, forward node) for each scan the backward computes again from the inputs."""
+    scans = {k for k, rule in OP_TABLE.items() if rule.kind == SCAN}
+    return _recomputed(fwd_gm, joint_gm, n_inputs, n_outputs, scans)
+
+
+def _recomputed(fwd_gm, joint_gm, n_inputs: int, n_outputs: int, kept: set) -> list[tuple]:
     fwd_keys = {k: n for n, k in _keys(fwd_gm, n_inputs).items() if op_name(n.target) in kept}
     needed, grads = _backward_reach(joint_gm, n_inputs, n_outputs)
     out = []

@@ -27,6 +27,7 @@ from opforge.codegen.decompose import (
     fold_reshapes,
     interleaved_gradients,
     pairs_to_strided_slices,
+    reverse_scans,
     rewrite_inplace,
     rewrite_variance,
     sink_row_views,
@@ -234,6 +235,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         split_to_slices(gm)
         pairs_to_strided_slices(gm)
         drop_full_slices(gm)
+        reverse_scans(gm)
         factor_column_sums(gm)
         fold_reshapes(gm)
         interleaved_gradients(gm)  # after fold_reshapes: the sizes it compares are read off the views

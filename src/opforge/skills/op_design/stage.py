@@ -210,6 +210,8 @@ def _saved_json(build) -> dict | None:
     s = build.saved
     if s is None:
         return None
+    if s.what == "scans":
+        return {"scans": [n.removeprefix("saved_") for n in s.names], "saved": True}
     if s.what == "products":
         return {"products": [n.removeprefix("saved_") for n in s.names], "saved": True,
                 "bytes_saved": s.bytes_saved, "flops_saved": s.flops_saved}
@@ -223,6 +225,9 @@ def _saved_md(build, binding) -> list[str]:
     if s is None:
         return []
     stats = ", ".join(f"`{n.removeprefix('saved_')}`" for n in s.names)
+    if s.what == "scans":
+        return [f"Scans the backward reads: {stats}. The forward stores them and the backward reads them: its own "
+                "scans run from a row's end, and a row longer than one chunk cannot be walked both ways at once.", ""]
     if s.what == "products":
         return [f"Matrix products and convolutions the backward needs: {stats}. The forward stores them (a "
                 "product float32, a convolution in the op's dtype, as the library writes it) and the backward reads "
