@@ -121,6 +121,8 @@ CATALOG = {
     "layer_norm": (layer_norm, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "add_rms_norm": (add_rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "softmax": (softmax, [{"N": 3, "V": 5}, {"N": 37, "V": 129}], "row"),
+    "group_norm": (lambda x, w, b: torch.nn.functional.group_norm(x, 32, w, b),
+                   [{"N": 2, "D": 1, "H": 3, "W": 5}, {"N": 3, "D": 2, "H": 4, "W": 9}], "row"),
     "cumsum": (lambda x: torch.cumsum(x, -1), [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "row"),
     "cross_entropy": (cross_entropy, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
     "cross_entropy_labels": (cross_entropy_labels, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
@@ -298,7 +300,7 @@ def test_looped_softmax_takes_max_and_sum_in_one_walk_and_keeps_torch_nonfinite_
 
 # the catalog operators whose reference reads leading dimensions otherwise: cross_entropy takes dim 1 of a 3-D
 # input as the classes; the per-group quantizer views its weight by the first dimension alone
-DECLARED_RANK_ONLY = {"cross_entropy", "cross_entropy_labels", "qat_asymmetric_per_group"}
+DECLARED_RANK_ONLY = {"cross_entropy", "cross_entropy_labels", "qat_asymmetric_per_group", "group_norm"}
 
 
 @pytest.mark.parametrize("name", list(CATALOG))

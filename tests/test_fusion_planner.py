@@ -46,6 +46,19 @@ UNSEEN = {
                        [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 16, "H": 9, "W": 10}]),
     "instance_norm": ({"x": [["N", "C", "H", "W"], True]}, {}, "return torch.nn.functional.instance_norm(x)",
                       [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 3, "H": 40, "W": 50}]),
+    # outputs whose reductions want different walk orders: the statistics first, then each group of outputs
+    # in its own order (the weight gradients reduce every sample and pixel of a channel)
+    "instance_norm_affine": ({"x": [["N", "C", "H", "W"], True], "w": [["C"], True], "b": [["C"], True]},
+                             {"eps": 1e-5}, "return torch.nn.functional.instance_norm(x, weight=w, bias=b, eps=eps)",
+                             [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 3, "H": 20, "W": 25}]),
+    "group_norm": ({"x": [["N", "D*4", "H", "W"], True], "w": [["D*4"], True], "b": [["D*4"], True]},
+                   {"eps": 1e-5}, "return torch.nn.functional.group_norm(x, 4, w, b, eps)",
+                   [{"N": 2, "D": 2, "H": 3, "W": 5}, {"N": 3, "D": 3, "H": 10, "W": 12}]),
+    "layer_norm_chw_channel_affine": ({"x": [["N", "C", "H", "W"], True], "w": [["C"], True],
+                                       "b": [["C"], True]}, {},
+                                      "y = torch.nn.functional.layer_norm(x, x.shape[1:])\n"
+                                      "    return y * w[:, None, None] + b[:, None, None]",
+                                      [{"N": 3, "C": 4, "H": 5, "W": 6}]),
     "global_avg_pool": ({"x": [["N", "C", "H", "W"], True]}, {}, "return torch.relu(x).mean((2, 3)) * 2.0",
                         [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 3, "H": 40, "W": 50}]),
     # reductions over other dimensions: walked last, as the columns, each input read through its strides
@@ -155,6 +168,28 @@ def test_cli_stops_in_stage_2_with_the_op_named(tmp_path):
 
 def test_docs_op_table_is_generated_from_the_code():
     assert (ROOT / "docs" / "ops.md").read_text() == markdown_table()
+
+
+def test_group_norm_backward_walks_channels_for_its_weight_gradients(tmp_path):
+    """The statistics reduce each (sample, group) over its channels and pixels; the weight gradients reduce each
+    channel over the samples and pixels: a kernel finishes the statistics, then grad_x walks the groups' rows
+    and grad_w, grad_b walk the channels' (the samples and pixels through their strides)."""
+    inputs, attrs, body, bindings = UNSEEN["group_norm"]
+    b = plan_request(load_request(write_request(tmp_path, "gn", inputs, attrs, body, bindings)))
+    assert len(b.forward.kernels) == 1
+    stats, grad_x, grad_wb = b.backward.kernels
+    assert [o.name for o in grad_x.outputs] == ["grad_x"] and [o.name for o in grad_wb.outputs] == ["grad_w", "grad_b"]
+    assert stats.n_rows == grad_x.n_rows == "4*N" and grad_wb.n_rows == "4*D" and grad_wb.n_cols == "H*N*W"
+    assert [o.name for o in b.backward.outputs] == ["grad_x", "grad_w", "grad_b"]
+    assert any("no one walk order suits" in w for w in b.backward.why)
+
+
+def test_an_output_no_walk_order_suits_is_refused_by_name(tmp_path):
+    req = load_request(write_request(tmp_path, "clash", {"x": [["N", "C", "H", "W"], True]}, {},
+                                     "return x.sum((2, 3), keepdim=True) + x.sum((0, 2, 3), keepdim=True)",
+                                     [{"N": 2, "C": 3, "H": 4, "W": 5}]))
+    with pytest.raises(Unsupported, match="no one walk order suits.*aten.sum.dim_IntList"):
+        plan_request(req)
 
 
 def test_group_size_relation_from_a_product_shape(tmp_path):

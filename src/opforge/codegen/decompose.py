@@ -88,13 +88,29 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
     return out + bias.view(channels) if bias is not None else out
 
 
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """Group norm over a view with the groups apart, (N, G, C/G, ...): its statistics reduce the trailing
+    dimensions of that view, and the weight, viewed (G, C/G, 1...), lines up with it. torch's own decomposition
+    views the input (N, G, C/G·H·W) and the result back per channel, which no one walk order suits."""
+    if input.dim() < 2:
+        return NotImplemented
+    n, c = input.shape[:2]
+    grouped = input.view(n, num_groups, c // num_groups, *input.shape[2:])
+    var, mean = torch.var_mean(grouped, list(range(2, grouped.dim())), correction=0, keepdim=True)
+    out = (grouped - mean) * torch.rsqrt(var + eps)
+    channels = [num_groups, -1] + [1] * (input.dim() - 2)
+    out = out * weight.view(channels) if weight is not None else out
+    out = out + bias.view(channels) if bias is not None else out
+    return out.view(input.shape)
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
     torch traces one symbolic graph of ops the engine lowers."""
 
     TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa,
-             F.instance_norm: _instance_norm}
+             F.instance_norm: _instance_norm, F.group_norm: _group_norm}
 
     def __init__(self):
         super().__init__()

@@ -273,7 +273,7 @@ def _chain_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs: 
         calls.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {sub}({call_args})")
         have = have + [o for o in outs if o in plan.temps]
     sig = launcher_signature(tensor_args, attrs)
-    final = [o.name for o in plan.kernels[-1].outputs]
+    final = [o.name for o in plan.outputs]
     why = "".join(f"    # {line}\n" for w in plan.why for line in textwrap.wrap(w, 112))
     parts.append(f"def {fn_name}({sig}):\n{why}" + "\n".join(calls) +
                  f"\n    return ({''.join(n + ', ' for n in final).rstrip()})\n")
@@ -505,6 +505,8 @@ def _rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
+    if t.dim() != len(shape):  # its sizes were read off the wrong dimensions: say what is wrong first
+        raise ValueError(f"{name}: expected {len(shape)} dimensions for this operator, got shape {tuple(t.shape)}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)} for this operator, got {tuple(t.shape)}")
 

@@ -218,6 +218,8 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         raise Unsupported(sorted(set(bad)), "no Triton lowering for")
 
     p = _RowPlanner(gm, input_names, sym_names, upstream(wanted))
+    if p.conflict:
+        raise _conflict(p.conflict, wanted)
     p.classify()
     if p.cuts:
         raise NeedsSecondPass(sorted({_where(n) for n in p.cuts}), p.cut_why, p.cuts, p.cut_kinds)
@@ -260,23 +262,26 @@ def _iteration_space(graph: torch.fx.Graph, needed, env) -> list:
     return shape_of(big, env) or [sympy.Integer(1)]
 
 
-def _layout(graph: torch.fx.Graph, needed, space: list, env) -> tuple[tuple, int]:
+def _layout(graph: torch.fx.Graph, needed, space: list, env) -> tuple[tuple, int, list]:
     """The order the kernel walks the space's dimensions in, and how many of them (the first `split`) are the
     rows; the rest are the columns. Each reduction of a value at the space's shape is a row reduction when its
     dimensions are walked last (a mean over H and W, a LayerNorm over (C, H, W), a sum over dim 1 of (B, D1,
     D2)), or, a sum, a column reduction when they are walked first (a norm's weight gradient); the layout all
     of them accept with the most row reductions wins, the space's own order among equals. Inputs are read
-    through their strides in that order. Slices and column indices move along the last dimension only."""
+    through their strides in that order. Slices and column indices move along the last dimension only.
+    Where no layout suits every reduction, the third result lists each reduction with the layouts it accepts
+    (see `_conflict`); otherwise it is empty."""
     n, one = len(space), sympy.Integer(1)
     identity = tuple(range(n))
-    options = []  # per reduction (or spread): {layout: whether it is a row reduction there}
+    options = []  # per reduction (or scan): {layout: whether it is a row reduction there}
+    owners = []  # the reduction (or scan) of each entry of `options`
     spreads = []  # spreads over other than trailing dimensions: their layout only where no reduction decides
     for node in graph.nodes:
         if node not in needed or node.op != "call_function":
             continue
         rule = OP_TABLE.get(op_name(node.target))
         if rule is not None and rule.kind in (SHIFT, COLUMN):
-            return identity, n - 1
+            return identity, n - 1, []
         trivial = {d for d in range(n) if same(space[d], one, env)}
         if op_name(node.target) == "aten.expand.default" and len(shape_of(node, env)) == n:
             # a per-row value spread over the dimensions a reduction took (the gradient of a mean over H and W
@@ -295,6 +300,7 @@ def _layout(graph: torch.fx.Graph, needed, space: list, env) -> tuple[tuple, int
                     node.args[1] % n not in trivial:
                 options.append({_canonical([d for d in range(n) if d != node.args[1] % n], [node.args[1] % n],
                                            trivial): True})
+                owners.append(node)
             continue
         if len(shape) != n or not all(same(d, s, env) for d, s in zip(shape, space)):
             continue
@@ -306,13 +312,53 @@ def _layout(graph: torch.fx.Graph, needed, space: list, env) -> tuple[tuple, int
         if REDUCE_KIND[op_name(node.target)] in ("sum", "mean"):  # or first, summed down the columns
             found.setdefault(_canonical(sorted(dims), kept, trivial), False)
         options.append(found)
-    options = options or spreads
-    common = set.intersection(*(set(o) for o in options)) if options else set()
+        owners.append(node)
+    common = set.intersection(*(set(o) for o in options or spreads)) if options or spreads else set()
     if not common:
-        return identity, n - 1
+        return identity, n - 1, list(zip(owners, options)) if len(options) > 1 else []
     # the space's own order where it does (sums down its columns spread over every program), else the one
     # with the most row reductions (a walk in one kernel, not a chain)
-    return max(sorted(common), key=lambda lay: (lay[0] == identity, sum(o[lay] for o in options)))
+    return *max(sorted(common), key=lambda lay: (lay[0] == identity, sum(o[lay] for o in options or spreads))), []
+
+
+class NeedsApart(Unsupported):
+    """The outputs need reductions that no one walk order suits (an instance norm's input gradient reduces each
+    sample's channel over H and W, its weight gradient each channel over N, H and W): each group of outputs,
+    `groups` of their positions, is planned apart, its own kernels walking its own order."""
+
+    def __init__(self, ops: list[str], why: str, groups: list[list[int]]):
+        super().__init__(ops, why)
+        self.groups = groups
+
+
+def _conflict(reductions: list, wanted: list) -> Unsupported:
+    """What to do when no walk order suits every reduction (`_layout`'s list of each reduction with the layouts
+    it accepts): the reductions that feed one that is walked in other orders are finished first, by a kernel of
+    their own, and handed over one value per row (an instance norm's mean and variance, which its weight gradient
+    reads); failing that, the outputs are planned apart in groups whose reductions share an order."""
+    ops = sorted({_where(r) for r, _ in reductions})
+    first = [a for a, oa in reductions
+             if any(b is not a and not set(oa) & set(ob) and a in upstream([b.args[0]]) for b, ob in reductions)]
+    if first:
+        return NeedsSecondPass(ops, [f"{a.name} is reduced in another order than a reduction that reads it"
+                                     for a in first], first, ["row"] * len(first))
+    groups: list = []  # [layouts the group's reductions share, positions of its outputs]
+    for k, node in enumerate(wanted):
+        up = upstream([node])
+        mine = [set(o) for r, o in reductions if r in up]
+        lays = set.intersection(*mine) if mine else None
+        if lays is not None and not lays:
+            return Unsupported(ops, f"{node.name} needs reductions that no one walk order suits")
+        for g in groups:
+            if lays is None or g[0] is None or lays & g[0]:
+                g[0] = lays if g[0] is None else (g[0] if lays is None else lays & g[0])
+                g[1].append(k)
+                break
+        else:
+            groups.append([lays, [k]])
+    if len(groups) < 2:
+        return Unsupported(ops, "no one walk order suits every reduction")
+    return NeedsApart(ops, "the outputs need reductions that no one walk order suits", [g[1] for g in groups])
 
 
 def _canonical(rows: list, cols: list, trivial: set) -> tuple:
@@ -407,7 +453,7 @@ class _RowPlanner:
         self.needed = needed
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.space = _iteration_space(self.graph, needed, self.env)
-        self.perm, self.split = _layout(self.graph, needed, self.space, self.env)
+        self.perm, self.split, self.conflict = _layout(self.graph, needed, self.space, self.env)
         self.walked = [self.space[j] for j in self.perm]  # the space in the order the kernel walks it
         self.R, self.C = product(self.walked[:self.split]), product(self.walked[self.split:])
         self.stores: dict = {}  # full outputs of a reordered walk: name -> (row offset, column offset)
@@ -415,6 +461,7 @@ class _RowPlanner:
         self.inputs: list[RowInput] = []
         self.reductions: list[RowReduction] = []
         self.scans: list = []
+        self.read_reshaped: set = set()  # inputs mapped at the shape their reshapes give them
         self.counts: dict = {}  # op -> how many nodes call it
         self.cuts: list = []  # finished values a later kernel must be handed, with what they depend on
         self.cut_kinds: list[str] = []
@@ -449,6 +496,8 @@ class _RowPlanner:
         env, space, R, C = self.env, self.space, self.R, self.C
         own = shape_of(node, env)
         shape = _reshaped(node, env) or own
+        if shape is not own:
+            self.read_reshaped.add(node)
         viewed = len(shape) != len(own) or not all(same(a, b, env) for a, b in zip(shape, own))
         numel = product(shape)
         i = self.placeholders.index(node)
@@ -526,7 +575,8 @@ class _RowPlanner:
             # another order has no flat order: only what is not a whole tile may be viewed
             src = self.info[node.args[0]]
             if src.dr and src.dc and self.perm != tuple(range(len(self.space))) and \
-                    shape_of(node, self.env) != shape_of(node.args[0], self.env):
+                    shape_of(node, self.env) != shape_of(node.args[0], self.env) and \
+                    _unviewed(node) not in self.read_reshaped:  # an input's reshape: it is read at that shape
                 raise Unsupported([key], f"{node.name} reshapes a value the kernel walks in another order")
             return src
         if rule.kind == SHIFT:
@@ -803,6 +853,7 @@ class ChainPlan(PlanOfParts):
     why: list[str]
     temps: list[str]
     dims: dict = field(default_factory=dict)
+    results: list[str] | None = None  # the pass's outputs in order, where kernels other than the last store some
 
     layout = "rows"
     chained = True
@@ -823,7 +874,10 @@ class ChainPlan(PlanOfParts):
 
     @property
     def outputs(self):
-        return self.kernels[-1].outputs
+        if self.results is None:
+            return self.kernels[-1].outputs
+        stored = {o.name: o for k in self.kernels for o in k.outputs}
+        return [stored[r] for r in self.results]
 
     @property
     def attrs(self):
@@ -894,6 +948,21 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
     later kernel needs finished are computed first, to float32 buffers."""
     try:
         return plan_rows(name, gm, input_names, outputs, output_like, sym_names)
+    except NeedsApart as exc:
+        if depth >= MAX_CHAIN_DEPTH:
+            raise Unsupported(exc.ops, f"{exc.why}, {MAX_CHAIN_DEPTH} splits deep") from None
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        results = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else (out_node.args[0],)
+        parts = []
+        for g, group in enumerate(exc.groups):
+            mine = [outputs[k] for k in group]
+            parts.append(plan_chain(f"{name}_{'abcdefgh'[g]}", with_outputs(gm, [results[i] for _, i in mine]),
+                                    input_names, [(o, j) for j, (o, _) in enumerate(mine)], output_like, sym_names,
+                                    depth + 1))
+        why = [f"{exc.why}: {', '.join(o.name for o in p.outputs)} by kernel(s) "
+               f"{', '.join(k.name for k in p.kernels)}" for p in parts]
+        return ChainPlan(name, [k for p in parts for k in p.kernels], why + [w for p in parts for w in p.why],
+                         [t for p in parts if p.chained for t in p.temps], results=[o for o, _ in outputs])
     except NeedsSecondPass as exc:
         if depth >= MAX_CHAIN_DEPTH:
             raise Unsupported(exc.ops, f"{exc.why}, {MAX_CHAIN_DEPTH} splits deep") from None
@@ -923,4 +992,4 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
         why.insert(0, f"{reason}: kernel {first.name} finishes {'it' if len(exc.cut) == 1 else 'them'}, "
                       f"then {rest.name} reads {', '.join(temps)}")
         subtemps = [t for p in parts if p.chained for t in p.temps]
-        return ChainPlan(name, kernels, why, temps + subtemps)
+        return ChainPlan(name, kernels, why, temps + subtemps, results=rest.results if rest.chained else None)
