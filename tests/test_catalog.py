@@ -121,7 +121,7 @@ CATALOG = {
     "layer_norm": (layer_norm, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "add_rms_norm": (add_rms, [{"N": 3, "H": 5}, {"N": 37, "H": 129}], "col"),
     "softmax": (softmax, [{"N": 3, "V": 5}, {"N": 37, "V": 129}], "row"),
-    "group_norm": (lambda x, w, b: torch.nn.functional.group_norm(x, 32, w, b),
+    "group_norm": (lambda x, w, b: torch.nn.functional.group_norm(x, 32, w, b, 1e-5),
                    [{"N": 2, "D": 1, "H": 3, "W": 5}, {"N": 3, "D": 2, "H": 4, "W": 9}], "row"),
     "cumsum": (lambda x: torch.cumsum(x, -1), [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "row"),
     "cross_entropy": (cross_entropy, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),

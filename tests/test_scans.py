@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fusion_planner import load_impl, write_request
+from test_fusion_planner import check_against_float64, load_impl, write_request
 
 from opforge.codegen.build import generate_impl, plan_request
 from opforge.codegen.plan import Unsupported
@@ -41,22 +41,7 @@ def test_scan_forward_and_backward_match_float64(tmp_path, monkeypatch, name, ch
     req, _, _, impl = _build(tmp_path, name)
     if chunk:  # rows longer than a chunk: walked with a carry, from the end for a backward scan
         monkeypatch.setattr(impl, "MAX_BLOCK_C", chunk)
-    ref = req.load_reference()
-    gen = torch.Generator().manual_seed(3)
-    for binding in SCANS[name][2]:
-        for dtype, rtol in ((torch.float32, 2e-5), (torch.bfloat16, 2e-2)):
-            ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64).to(dtype)
-                   for s in req.inputs]
-            got_in = [t.clone().requires_grad_() for t in ins]
-            ref_in = [t.double().requires_grad_() for t in ins]
-            got, want = getattr(impl, name)(*got_in), ref(*ref_in)
-            g = torch.randn(want.shape, generator=gen, dtype=torch.float64)
-            got_g = torch.autograd.grad(got, got_in, g.to(dtype))
-            want_g = torch.autograd.grad(want, ref_in, g)
-            for a, b in zip((got, *got_g), (want, *want_g)):
-                assert a.shape == b.shape and a.dtype == dtype
-                scale = float(b.detach().abs().max())
-                torch.testing.assert_close(a.detach().double(), b.detach(), rtol=rtol, atol=rtol * scale)
+    check_against_float64(req, getattr(impl, name), SCANS[name][2], seed=3)
 
 
 def test_a_long_running_sum_stays_accurate(tmp_path, monkeypatch):

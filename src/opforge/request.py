@@ -352,7 +352,7 @@ def load_request(request_dir: str | Path) -> Request:
         if isinstance(odtype, str) and odtype.startswith("like "):
             if odtype[5:].strip() not in {s.name for s in inputs}:
                 raise _bad(f"{where}dtype", f"'{odtype}' names no input")
-        elif odtype is not None:
+        elif odtype != "int64" and odtype is not None:  # int64: indices (argmax, max.dim's)
             _dtype_list(odtype, f"{where}dtype")
 
     reference = _field(doc, "", "reference", "")

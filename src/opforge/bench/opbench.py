@@ -58,8 +58,9 @@ class OpCase:
         def call(ins):
             outs = _as_tuple(fn(*ins, **self.attrs))
             wrt = [t for t, n in zip(ins, self.names) if n in self.grad_names]
-            gos = [g.to(o.dtype) for g, o in zip(self.grad_outputs(outs), outs)]
-            grads = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
+            floats = [o for o in outs if o.is_floating_point()]  # indices take no gradient
+            gos = [g.to(o.dtype) for g, o in zip(self.grad_outputs(floats), floats)]
+            grads = torch.autograd.grad(floats, wrt, gos, allow_unused=True)
             return tuple(o.detach() for o in outs) + tuple(g for g in grads if g is not None)
         return call
 

@@ -192,7 +192,7 @@ def _plan_backward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[
     """The backward pass of the joint graph `gm`: inputs, upstream gradients, then any saved statistics."""
     n_out = len(t.output_names)
     grad_names = [f"grad_{g}" for g in t.kernel_grad_inputs]
-    return plan_pass(req, "backward", gm, t.kernel_inputs + [f"grad_{o}" for o in t.output_names] + list(saved),
+    return plan_pass(req, "backward", gm, t.kernel_inputs + [f"grad_{o}" for o in t.grad_outputs] + list(saved),
                      [(g, n_out + k) for k, g in enumerate(grad_names)], {g: g[len("grad_"):] for g in grad_names})
 
 

@@ -304,6 +304,35 @@ def drop_full_slices(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+_VALUE_INDEX = {aten.max.dim: (aten.amax.default, aten.argmax.default),
+                aten.min.dim: (aten.amin.default, aten.argmin.default)}
+
+
+def split_value_index(gm: torch.fx.GraphModule) -> None:
+    """max.dim and min.dim return the values and their indices together: each becomes its own reduction, amax
+    and argmax (amin and argmin), which the row kernel finds in the same walk."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _VALUE_INDEX:
+            continue
+        x, dim, keepdim = (list(node.args) + [False])[:3]
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                break
+            value, index = _VALUE_INDEX[node.target]
+            with graph.inserting_before(user):
+                new = graph.create_node("call_function", value, (x, [dim], keepdim), name=f"{node.name}_values") \
+                    if user.args[1] == 0 else \
+                    graph.create_node("call_function", index, (x, dim, keepdim), name=f"{node.name}_indices")
+            new.meta["val"] = user.meta["val"]
+            user.replace_all_uses_with(new)
+            graph.erase_node(user)
+        if not node.users:
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
 _REVERSED = {aten.cumsum.default: torch.ops.opforge.reverse_cumsum.default,
              aten.logcumsumexp.default: torch.ops.opforge.reverse_logcumsumexp.default}
 

@@ -27,6 +27,7 @@ from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
 from opforge.codegen.pretty import hanging_call, wrap_source
 from opforge.codegen.symbolic import atoms, divisibility_checks, multiple_check, pysrc
+from opforge.codegen.trace import INDEX
 
 # The longest row a row kernel keeps in registers, as Liger's kernels do (`opforge bench compile` shows the
 # registers and spills of each kernel at such rows).
@@ -221,7 +222,7 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     out += divisibility_checks([d for o in plan.outputs for d in o.shape], dims)
     dev = f"{ref}.device"
     for o in plan.outputs:
-        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        dtype = o.dtype
         b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
     b("    knobs = _knobs(n_elements)  # tuned for this size, or the defaults")
     b('    BLOCK = knobs["BLOCK"]')
@@ -434,7 +435,7 @@ def _fake_outputs(outputs, size_names: dict, dims: dict, ref: str) -> tuple[list
     names = {**dims, **{s: v for s, v in named.items() if all(a in reads for a in atoms({s: v}))}}
     outs = []
     for o in outputs:
-        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        dtype = o.dtype
         outs.append(f"torch.empty({_py_shape(o.shape, names)}, dtype={dtype}, device={ref}.device)")
     checks = divisibility_checks([d for o in outputs for d in o.shape], names)
     text = "\n".join(outs + checks)
@@ -517,7 +518,10 @@ def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
 
     attr_sig = ", ".join(f"{a}: float" for a in runtime_attrs)
     tensor_sig = ", ".join(f"{t}: torch.Tensor" for t in inputs)
-    grad_names = [f"grad_{o}" for o in output_names]
+    # indices (argmax, max.dim's) take no gradient: autograd hands the backward None for them, left unused
+    index = {o.name for o in fwd.outputs[:len(output_names)] if o.like == INDEX}
+    grad_names = [f"grad_{o}" for o in output_names if o not in index]
+    grad_params = [f"grad_{o}" if o not in index else f"_grad_{o}" for o in output_names]
 
     # the forward's outputs after the user's are per-row statistics kept for the backward (codegen/saved.py)
     saved_names = [o.name for o in fwd.outputs[len(output_names):]]
@@ -567,7 +571,7 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = inputs[-1]
 
 
-def _backward(ctx, {', '.join(grad_names)}{', *_' if saved_names else ''}):
+def _backward(ctx, {', '.join(grad_params)}{', *_' if saved_names else ''}):
     grads = iter(_{op}_backward_op({_backward_args(len(inputs), grad_names, saved_names)}, *ctx.attrs,
                                    ctx.deterministic))
     wanted = {tuple(grad_inputs)!r}

@@ -15,6 +15,7 @@ from opforge.codegen.across import finish, launch_setup, meet, slot_index
 from opforge.codegen.ops import (
     COLUMN,
     CONSTANT,
+    INDEX_KINDS,
     OP_TABLE,
     SCAN,
     SCAN_FORMS,
@@ -45,6 +46,7 @@ from opforge.codegen.symbolic import (
     shape_of,
     tidy,
 )
+from opforge.codegen.trace import INDEX
 
 # The host side of column sums, once per module that has them.
 COLUMN_SUMS = '''
@@ -355,8 +357,19 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
                 if ninf:
                     parts.append((f"{r.name}_ninf", f"tl.max({r.name}_ninf, axis=1)[:, None].to(tl.float32)", "0"))
                 continue
-            parts.append((f"{r.name}_acc", r.name, "0.0" if r.kind in ("sum", "mean") else _IDENTITY[r.kind]))
             mask, v = _mask(e, si), e.ev(r.source, COLS, body)
+            if r.kind in INDEX_KINDS:  # the first column of the row's best value (int32)
+                is_max = int(r.kind == "argmax")
+                if persistent:
+                    body.add(f"_, {r.name} = _arg_best({v}, cols, {mask}, {is_max})  # {op_name(r.node.target)}")
+                else:
+                    inits += [f"{pad}{r.name}_best = tl.full((BLOCK_R, 1), {_IDENTITY[r.kind[3:]]}, tl.float32)",
+                              f"{pad}{r.name} = tl.zeros((BLOCK_R, 1), tl.int32)"]
+                    body.add(f"{r.name}_best, {r.name} = _arg_take({r.name}_best, {r.name}, *_arg_best({v}, cols, "
+                             f"{mask}, {is_max}), {is_max})  # {op_name(r.node.target)}")
+                e.rowvals[r.node] = r.name
+                continue
+            parts.append((f"{r.name}_acc", r.name, "0.0" if r.kind in ("sum", "mean") else _IDENTITY[r.kind]))
             if r.kind == "mean":  # sum x / n, not (sum x) / n: a row of huge values must not overflow its sum
                 v = f"{v} * (1.0 / ({r.count}))"
             where = f"tl.where({mask}, {v}, {_IDENTITY[r.kind]})"
@@ -418,7 +431,8 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
                      f"{o.name}_ptr.dtype.element_ty), mask=rmask & (cols < {ext}))")
         elif o.store == "row":
             v = e.ev(node, COLS, e.pre)
-            store = f"tl.store({o.name}_ptr + rows, _to_dtype({v}, {o.name}_ptr.dtype.element_ty), mask=rmask)"
+            v = f"{v}.to(tl.int64)" if o.like == INDEX else f"_to_dtype({v}, {o.name}_ptr.dtype.element_ty)"
+            store = f"tl.store({o.name}_ptr + rows, {v}, mask=rmask)"
             if split:
                 split_stores.append(f"{pad}    {store}")
             else:
@@ -773,7 +787,7 @@ def row_inputs_and_outputs(plan: RowPlan, dims: dict, given: str | None = None, 
         b(f"{pad}_expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
     out += divisibility_checks(graph_shapes(plan.gm), names, pad)
     for o in plan.outputs:
-        dtype = f"{o.like}.dtype" if o.like else "torch.float32"
+        dtype = o.dtype
         shape = "".join(pysrc(sympy.sympify(d), names) + ", " for d in o.shape)
         b(f"{pad}{o.name} = torch.empty(({shape}), dtype={dtype}, device={device or ins[0].name + '.device'})")
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from opforge.codegen.ops import OP_TABLE, REDUCTION, SCAN, VIEW, op_name
+from opforge.codegen.ops import INDEX_KINDS, OP_TABLE, REDUCE_KIND, REDUCTION, SCAN, VIEW, op_name
 from opforge.codegen.symbolic import hint, product, pysrc, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
 
@@ -120,8 +120,9 @@ def output_traits(gm: torch.fx.GraphModule, indices: list[int], sym_names: dict 
         exact, extents = True, []
         if n.op == "call_function":
             rule = OP_TABLE.get(op_name(n.target))
-            exact = bool(rule and rule.exact and rule.kind != REDUCTION)
-            if rule and rule.kind in (REDUCTION, SCAN):  # a scan's last element sums its whole dimension
+            index = REDUCE_KIND.get(op_name(n.target)) in INDEX_KINDS  # argmax: exact where its values are
+            exact = bool(rule and rule.exact and (rule.kind != REDUCTION or index))
+            if rule and rule.kind in (REDUCTION, SCAN) and not index:  # a scan's last element sums its dimension
                 extents.append(extent(n))
         for a in n.all_input_nodes:
             e, ext = walk(a)

@@ -50,6 +50,34 @@ def _logaddexp(a, b):
     d = tl.where(a == b, 0.0, -tl.abs(a - b))
     return m + tl.log(1.0 + tl.exp(d))
 ''',
+    "_arg_best": '''
+@triton.jit
+def _arg_best(v, cols, mask, IS_MAX: tl.constexpr):
+    # each row's largest (IS_MAX) or smallest value among the masked-in columns, and the first column holding
+    # it; a NaN beats every number and the first NaN wins, as torch's argmax and argmin take them
+    if IS_MAX:
+        w = tl.where(mask & (v == v), v, -float("inf"))
+        best = tl.max(w, axis=1)[:, None]
+    else:
+        w = tl.where(mask & (v == v), v, float("inf"))
+        best = tl.min(w, axis=1)[:, None]
+    first = tl.min(tl.where(mask & (w == best), cols, 2147483647), axis=1)[:, None]
+    first_nan = tl.min(tl.where(mask & (v != v), cols, 2147483647), axis=1)[:, None]
+    has_nan = first_nan < 2147483647
+    return tl.where(has_nan, float("nan"), best), tl.where(has_nan, first_nan, first)
+''',
+    "_arg_take": '''
+@triton.jit
+def _arg_take(best, index, chunk_best, chunk_index, IS_MAX: tl.constexpr):
+    # a later chunk's best replaces the running one only when strictly better (a tie keeps the first column)
+    # or when it is the row's first NaN
+    if IS_MAX:
+        better = chunk_best > best
+    else:
+        better = chunk_best < best
+    take = better | ((chunk_best != chunk_best) & (best == best))
+    return tl.where(take, chunk_best, best), tl.where(take, chunk_index, index)
+''',
     "_mul": '''
 @triton.jit
 def _mul(a, b):
@@ -250,6 +278,8 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, * (1 / n)"),
     "aten.amax.default": OpRule(REDUCTION, None, True, "tl.max + atomic_max | ordered partials"),
     "aten.amin.default": OpRule(REDUCTION, None, True, "tl.min + atomic_min | ordered partials"),
+    "aten.argmax.default": OpRule(REDUCTION, None, True, "tl.max, tl.min over columns (the first, NaN first)"),
+    "aten.argmin.default": OpRule(REDUCTION, None, True, "tl.min, tl.min over columns (the first, NaN first)"),
     # last-dimension slices, concatenations and interleaves (row planner): loads at moved columns
     "aten.slice.Tensor": OpRule(SHIFT, None, True, "load at a column offset or stride"),
     "aten.cat.default": OpRule(SHIFT, None, True, "tl.where over column ranges"),
@@ -279,7 +309,9 @@ OP_TABLE: dict[str, OpRule] = {
 REDUCE_KIND = {
     "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.mean.dim": "mean",
     "aten.mean.default": "mean", "aten.amax.default": "max", "aten.amin.default": "min",
+    "aten.argmax.default": "argmax", "aten.argmin.default": "argmin",
 }
+INDEX_KINDS = ("argmax", "argmin")  # reductions to a column index: along rows only
 # How partial results of each kind meet, in generated Triton: the identity, the atomic, and two partials combined
 # (a mean is summed, then divided).
 REDUCE_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}

@@ -20,6 +20,7 @@ import torch
 from opforge.codegen.ops import (
     COLUMN,
     CONSTANT,
+    INDEX_KINDS,
     OP_TABLE,
     REDUCE_IDENTITY,
     REDUCE_KIND,
@@ -34,7 +35,7 @@ from opforge.codegen.ops import (
     upstream,
 )
 from opforge.codegen.symbolic import hint, shape_env_of
-from opforge.codegen.trace import AttrRef
+from opforge.codegen.trace import INDEX, AttrRef
 
 
 class Unsupported(Exception):
@@ -102,10 +103,20 @@ class OutArg:
     full: bool
     in_epilogue: bool
     shape: list  # sympy exprs or ints
-    like: str | None  # input whose dtype the output takes
+    like: str | None  # input whose dtype the output takes, or INDEX for indices
     exact: bool  # bit-exact against the float32 golden
     block: bool  # the register value is a block (False: a scalar broadcast at the store)
     store: str = "full"  # row kernels: full | row | col | scalar
+
+    @property
+    def dtype(self) -> str:
+        """The output's dtype, as launcher source."""
+        return dtype_source(self.like)
+
+
+def dtype_source(like: str | None) -> str:
+    """Launcher source for the dtype of an output that follows input `like`: float32 when None, int64 indices."""
+    return "torch.float32" if like is None else like if like == INDEX else f"{like}.dtype"
 
 
 class PassPlan(Protocol):
@@ -319,6 +330,8 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                 raise Unsupported([key], f"{node.name} reduces a value that itself needs a finished reduction "
                                          "(two passes over the data)")
             kind = REDUCE_KIND[key]
+            if kind in INDEX_KINDS:
+                raise Unsupported([key], f"{node.name}: indices are found along the rows only (the row kernel)")
             slot = len(reductions)
             part = f"{target}_part"
             body.append(Stmt(part, block_reduce(kind, f"tl.where(mask, {var[src]}, {REDUCE_IDENTITY[kind]})"),

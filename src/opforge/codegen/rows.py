@@ -33,6 +33,7 @@ import torch
 from opforge.codegen.ops import (
     COLUMN,
     CONSTANT,
+    INDEX_KINDS,
     OP_TABLE,
     POINTWISE,
     REDUCE_KIND,
@@ -175,7 +176,7 @@ class RowPlan:
         in the first walk and nothing is reduced across rows, so each program's partial row results meet in a
         first kernel's small buffer and the second walks its columns again to store."""
         return bool(self.row_reductions) and not self.full_reductions and not self.col_reductions and \
-            not self.scans and \
+            not self.scans and not any(r.kind in INDEX_KINDS for r in self.row_reductions) and \
             all(self.phase_of(r) == 0 for r in self.row_reductions) and \
             all(o.store in ("full", "row") for o in self.outputs)
 
@@ -645,8 +646,10 @@ class _RowPlanner:
         kind = REDUCE_KIND[key]
         if not dims:  # nothing non-trivial reduced: a view
             return si
-        if red_c and not red_r and si.dr:
-            axis, new = "row", Info(True, False, None, si.level + 1, None, False)
+        if kind in INDEX_KINDS and not (red_c and not red_r and si.dr):
+            raise Unsupported([key], f"{node.name}: indices are found along the rows only")
+        if red_c and not red_r and si.dr:  # an index is exact where its values are
+            axis, new = "row", Info(True, False, None, si.level + 1, None, kind in INDEX_KINDS and si.exact)
         elif red_r and not red_c and si.dc:
             if kind not in ("sum", "mean"):
                 raise Unsupported([key], f"{node.name}: column reductions are sums or means")

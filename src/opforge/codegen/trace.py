@@ -32,6 +32,7 @@ from opforge.codegen.decompose import (
     rewrite_variance,
     sink_row_views,
     split_to_slices,
+    split_value_index,
 )
 from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, dim_size
@@ -90,6 +91,9 @@ def kernel_names(inputs: list[str], products: bool) -> dict[str, str]:
     return out
 
 
+INDEX = "torch.int64"  # an output's `like` when it holds indices (argmax, max.dim's), as torch returns them
+
+
 @dataclass
 class TracedOp:
     forward: torch.fx.GraphModule
@@ -97,7 +101,7 @@ class TracedOp:
     input_names: list[str]
     output_names: list[str]
     grad_inputs: list[str]  # inputs that receive a gradient, in order
-    output_like: dict[str, str | None]  # output -> input whose dtype it takes (None: fixed float32)
+    output_like: dict[str, str | None]  # output -> input whose dtype it takes (None: fixed float32; INDEX: int64)
     runtime_attrs: list[str]  # float attributes passed to kernels at run time
     example_binding: dict[str, int] = field(default_factory=dict)
     # With leading dimensions (x of (B, S, H) for a request's (N, H)): the inputs whose first dimension is the rows,
@@ -120,6 +124,11 @@ class TracedOp:
     @property
     def kernel_inputs(self) -> list[str]:
         return [self.kernel_names[n] for n in self.input_names]
+
+    @property
+    def grad_outputs(self) -> list[str]:
+        """The outputs the backward takes a gradient of: all but indices."""
+        return [o for o in self.output_names if self.output_like[o] != INDEX]
 
     @property
     def kernel_grad_inputs(self) -> list[str]:
@@ -213,8 +222,9 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         def joint(*args):
             ts = [t.detach().requires_grad_(i in grad_idx) for i, t in enumerate(args[:len(names)])]
             outs = call(ts)
-            g_outs = args[len(names):]
-            grads_ = torch.autograd.grad(outs, [ts[i] for i in grad_idx], g_outs, allow_unused=True)
+            g_outs = args[len(names):]  # one per floating output: indices take no gradient
+            floats = [o for o in outs if o.is_floating_point()]
+            grads_ = torch.autograd.grad(floats, [ts[i] for i in grad_idx], g_outs, allow_unused=True)
             grads_ = [torch.zeros_like(ts[i]) if g is None else g for i, g in zip(grad_idx, grads_)]
             return (*outs, *grads_)
         return joint
@@ -224,7 +234,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
     args = list(tensors)
     if grads:
         outs = run_reference(req, fn, tensors, defaults)
-        args += [torch.randn_like(o) for o in outs]
+        args += [torch.randn_like(o) for o in outs if o.is_floating_point()]
     g_a = _make_fx(req, build(defaults, forwards and forwards[0]), args)
     # the second trace finds the constants that follow a float attribute: without one it would be the first again
     floats = moved != defaults
@@ -236,6 +246,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         pairs_to_strided_slices(gm)
         drop_full_slices(gm)
         reverse_scans(gm)
+        split_value_index(gm)
         factor_column_sums(gm)
         fold_reshapes(gm)
         interleaved_gradients(gm)  # after fold_reshapes: the sizes it compares are read off the views
@@ -336,15 +347,16 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
         raise TraceError(f"{REQUEST_FILE}: outputs",
                          f"{len(names)} outputs declared but the reference returns {len(outs)}")
     for o in outs:
-        if not o.dtype.is_floating_point:
-            raise TraceError(where, f"output dtype {o.dtype} is not supported (floating outputs only)")
+        if not o.dtype.is_floating_point and o.dtype != torch.int64:
+            raise TraceError(where, f"output dtype {o.dtype} is not supported (floating outputs, and int64 indices)")
 
     # which outputs follow the input dtype: run once more on meta tensors in bfloat16
     meta = [torch.empty(t.shape, dtype=torch.bfloat16 if t.is_floating_point() else t.dtype, device="meta")
             for t in tensors]
     meta_outs = run_reference(req, fn, meta, req.attr_defaults)
     first = req.inputs[0].name
-    output_like = {n: (first if o.dtype == torch.bfloat16 else None) for n, o in zip(names, meta_outs)}
+    output_like = {n: (first if o.dtype == torch.bfloat16 else INDEX if o.dtype == torch.int64 else None)
+                   for n, o in zip(names, meta_outs)}
 
     fwd_a, fwd_b = _trace_pair(req, fn, tensors, grads=False)
     grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
@@ -355,7 +367,7 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     used = _bind_attributes(req, fwd_a, fwd_b)
     joint = fused_joint = None
     grad_inputs = [s.name for s in req.inputs if s.requires_grad]
-    if req.backward:
+    if req.backward and any(o.is_floating_point() for o in outs):  # indices alone have no gradient
         if not grad_inputs:
             raise TraceError(f"{REQUEST_FILE}: backward", "backward: true but no input requires grad")
         joint, joint_b = _trace_pair(req, fn, tensors, grads=True)

@@ -192,7 +192,8 @@ def _call_impl(impl, op: str, tensors, attrs, grad_outputs, grad_inputs, names):
     grads = ()
     if grad_outputs is not None:
         wrt = [t for t, n in zip(ins, names) if n in grad_inputs]
-        grads = torch.autograd.grad(outs, wrt, grad_outputs)
+        pairs = [(o, g) for o, g in zip(outs, grad_outputs) if o.is_floating_point()]  # indices take no gradient
+        grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs])
     return ins, [o.detach() for o in outs], [g.detach() for g in grads]
 
 
@@ -249,7 +250,8 @@ def check_case(impl, golden, case: dict, spec: dict, seed: int | None = None, wi
         t64, t32 = wanted[name]
         if name in spec.get("exact_outputs", []):
             tol = Tolerance(0.0, 0.0, exact=True)
-            res = compare(actual, t32.to(dtype), tol, inputs=named_inputs, name=name)
+            want = t32.to(dtype) if t32.is_floating_point() else t32  # indices stay int64
+            res = compare(actual, want, tol, inputs=named_inputs, name=name)
             tol = tolerance_for(dtype, spec.get("tolerance"))
             res["vs_float64"] = _brief(compare(actual, t64, tol, name=name))
         else:

@@ -206,7 +206,8 @@ def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
         outs = getattr(impl, op)(*ins, **attrs)
         if backward:
             outs = outs if isinstance(outs, tuple) else (outs,)
-            torch.autograd.grad(outs, [t for t in ins if t.requires_grad], g_outs)
+            pairs = [(o, g) for o, g in zip(outs, g_outs) if o.is_floating_point()]  # indices take no gradient
+            torch.autograd.grad([o for o, _ in pairs], [t for t in ins if t.requires_grad], [g for _, g in pairs])
 
     with interpreter_blocks(impl, tensors):  # the blocks that the failing run ran
         records = record_kernels(impl_path, call)

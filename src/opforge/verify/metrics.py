@@ -15,8 +15,11 @@ _INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: t
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """ULPs between a and b in a's dtype: bit patterns mapped onto an ordered integer line."""
+    """ULPs between a and b in a's dtype: bit patterns mapped onto an ordered integer line (integers, indices:
+    their difference)."""
     dt = a.dtype
+    if not dt.is_floating_point:
+        return (a.to(torch.int64) - b.to(torch.int64)).abs()
     ia = a.contiguous().view(_INT[dt]).to(torch.int64)
     ib = b.to(dt).contiguous().view(_INT[dt]).to(torch.int64)
     bits = torch.finfo(dt).bits

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import torch
+
 from opforge.bench.roofline import classify, describe
 from opforge.codegen.attention_grad import AttentionBackwardStage
 from opforge.codegen.build import device_events, graph_binding, kernels_of, numel_of, plan_request, shape_numel
@@ -61,7 +63,7 @@ def _pass_bytes(gm, req, binding, wanted: list[int], n_inputs: int, eb: int) -> 
     results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
     reads = sum(numel(p) * _input_bytes(req, s.name, eb) for p, s in zip(placeholders, req.inputs))
     reads += eb * sum(numel(p) for p in placeholders[len(req.inputs):])  # upstream gradients
-    return reads + eb * sum(numel(results[i]) for i in wanted)
+    return reads + sum(numel(results[i]) * (8 if results[i].meta["val"].dtype == torch.int64 else eb) for i in wanted)
 
 
 def _launches(plan, gm, req, binding) -> dict:
@@ -146,7 +148,8 @@ def cost_model(req: Request, traced, build) -> list[dict]:
                 grads = list(range(n_out, n_out + len(traced.grad_inputs)))
                 row["backward"] = {
                     **_launches(build.backward, traced.joint, req, binding),
-                    "fused_bytes": _bytes(build.backward, traced.joint, req, binding, grads, n_in + n_out, eb),
+                    "fused_bytes": _bytes(build.backward, traced.joint, req, binding, grads,
+                                         n_in + len(traced.grad_outputs), eb),
                     "eager_kernels": b_eager["kernels"], "eager_bytes": b_eager["bytes"], "eager_ops": b_eager["ops"],
                     "flops": _flops(build.backward, traced.joint, req, binding, n_elem)}
             for p in ("forward", "backward"):
