@@ -84,6 +84,16 @@ def test_next_stage_and_budget():
     assert st.perf["rounds"] == 0 and st.rollbacks[-1]["to_stage"] == 4
 
 
+def test_a_performance_stage_that_keeps_crashing_runs_out_of_attempts():
+    """Stage 7's budget is its tuning rounds; a stage that fails before any round must still run out."""
+    st = State.new("op", "req")
+    for _ in range(RETRY_BUDGET[7]):
+        assert st.budget_left(7) > 0
+        st.begin(7)
+        st.fail(7, "RuntimeError: a crash before the first round")
+    assert st.perf["rounds"] == 0 and st.budget_left(7) == 0
+
+
 @pytest.mark.parametrize("stage, budget", [(1, 3), (5, 5)])
 def test_budget_exceeded(stage, budget):
     st = State.new("op", "req")

@@ -187,7 +187,9 @@ class State:
 
     def budget_left(self, stage: int) -> int:
         rec = self._rec(stage)
-        used = self.perf["rounds"] if stage == PERF_STAGE else rec.attempts
+        # the performance stage's budget is its tuning rounds, but a stage that keeps crashing before its first
+        # round must run out too
+        used = max(self.perf["rounds"], rec.attempts) if stage == PERF_STAGE else rec.attempts
         return max(0, RETRY_BUDGET[stage] - used)
 
 
