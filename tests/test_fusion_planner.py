@@ -59,6 +59,17 @@ UNSEEN = {
                                       "y = torch.nn.functional.layer_norm(x, x.shape[1:])\n"
                                       "    return y * w[:, None, None] + b[:, None, None]",
                                       [{"N": 3, "C": 4, "H": 5, "W": 6}]),
+    # per-row values summed across rows (a per-channel weight's gradient after a mean over H and W): the
+    # statistics first, then the weight's gradient over the (N, C) values, down their columns
+    "squeeze_excite": ({"x": [["N", "C", "H", "W"], True], "w": [["C"], True]}, {},
+                       "return x * torch.sigmoid(x.mean((2, 3), keepdim=True) * w[:, None, None])",
+                       [{"N": 2, "C": 3, "H": 4, "W": 5}, {"N": 3, "C": 5, "H": 12, "W": 10}]),
+    "pooled_channel_scale": ({"x": [["N", "C", "H", "W"], True], "w": [["C"], True]}, {},
+                             "return x.mean((2, 3)) * w", [{"N": 2, "C": 3, "H": 4, "W": 5}]),
+    "normalize": ({"x": [["N", "D"], True]}, {}, "return torch.nn.functional.normalize(x, dim=-1)",
+                  [{"N": 4, "D": 9}, {"N": 3, "D": 300}]),
+    "frobenius_normalize": ({"x": [["N", "D"], True]}, {}, "return x / torch.norm(x, p='fro')",
+                            [{"N": 4, "D": 9}]),
     "global_avg_pool": ({"x": [["N", "C", "H", "W"], True]}, {}, "return torch.relu(x).mean((2, 3)) * 2.0",
                         [{"N": 3, "C": 4, "H": 5, "W": 6}, {"N": 2, "C": 3, "H": 40, "W": 50}]),
     # reductions over other dimensions: walked last, as the columns, each input read through its strides

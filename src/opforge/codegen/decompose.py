@@ -33,7 +33,7 @@ DECOMPOSITIONS = get_decompositions([
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
     aten.nll_loss_forward, aten.nll_loss_backward, aten._native_batch_norm_legit,
     aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward, aten.native_group_norm,
-    aten.native_group_norm_backward,
+    aten.native_group_norm_backward, aten.linalg_vector_norm,
 ])
 
 
@@ -619,7 +619,7 @@ def factor_column_sums(gm: torch.fx.GraphModule) -> None:
         if node.op != "call_function" or node.target != aten.sum.dim_IntList:
             continue
         src, rank = node.args[0], node.args[0].meta["val"].dim()
-        dims = sorted(d % rank for d in node.args[1]) if rank else []
+        dims = sorted(d % rank for d in node.args[1] or range(rank)) if rank else []  # None: every dimension
         keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         if not dims or rank - 1 in dims:
             continue

@@ -219,6 +219,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         raise Unsupported(sorted(set(bad)), "no Triton lowering for")
 
     p = _RowPlanner(gm, input_names, sym_names, upstream(wanted))
+    p.wanted = wanted
     if p.conflict:
         raise _conflict(p.conflict, wanted)
     p.classify()
@@ -452,6 +453,7 @@ class _RowPlanner:
         self.input_names = input_names
         self.sym_names = sym_names
         self.needed = needed
+        self.wanted: list = []  # the outputs' nodes, in order
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.space = _iteration_space(self.graph, needed, self.env)
         self.perm, self.split, self.conflict = _layout(self.graph, needed, self.space, self.env)
@@ -640,7 +642,12 @@ class _RowPlanner:
         src = node.args[0]
         si = self.info[src]
         shape = shape_of(src, self.env)
-        dims, red_r, red_c = self.reduced_dims(node, key, src, shape)
+        try:
+            dims, red_r, red_c = self.reduced_dims(node, key, src, shape)
+        except Unsupported:
+            if si.dr and not si.dc:  # per-row values reduced across some of the rows: another walk's work
+                raise self.across_rows(node, key, src) from None
+            raise
         if si.post:
             self.hand_over(src, node, f"{node.name} reduces a value that needs a finished reduction")
         kind = REDUCE_KIND[key]
@@ -659,6 +666,21 @@ class _RowPlanner:
         count = pysrc(product([shape[d] for d in dims]), self.sym_names)
         self.reductions.append(RowReduction(node, kind, axis, src, count))
         return new
+
+    def across_rows(self, node, key: str, src) -> Unsupported:
+        """`node` reduces per-row values across rows (a per-channel weight's gradient after a mean over H and W
+        sums them over the samples): the row reductions they come from are finished first and handed over,
+        one value per row; then the outputs that need `node` are planned apart, over the space of those
+        values, where the sum runs down their columns."""
+        rows = [r.node for r in self.reductions if r.axis == "row" and r.node in upstream([src])]
+        if rows:
+            return NeedsSecondPass([key], [f"{node.name} reduces per-row values across rows ({r.name})" for r in rows],
+                                   rows, ["row"] * len(rows))
+        mine = [k for k, o in enumerate(self.wanted) if node in upstream([o])]
+        rest = [k for k in range(len(self.wanted)) if k not in mine]
+        if rest:
+            return NeedsApart([key], f"{node.name} reduces per-row values across rows", [rest, mine])
+        return Unsupported([key], f"{node.name} reduces per-row values across only some of their rows")
 
     def reduced_dims(self, node, key: str, src, shape: list) -> tuple[list[int], bool, bool]:
         """The non-trivial dims `node` reduces, and whether they include the rows' and the columns' dims."""
