@@ -208,6 +208,33 @@ def test_an_output_no_walk_order_suits_is_refused_by_name(tmp_path):
         plan_request(req)
 
 
+def test_sequence_string_and_none_attributes_specialise_the_build(tmp_path):
+    """A reduction's dimensions as a list, its kind as a string, an optional shift as None: the kernels are built for
+    those values, which the op takes as a list or a tuple and refuses to change."""
+    d = tmp_path / "attrs"
+    d.mkdir()
+    (d / "reference.py").write_text(
+        "import torch\n\n\ndef forward(x, dims=(1,), mode='max', shift=None):\n"
+        "    r = x.amax(dims, keepdim=True) if mode == 'max' else x.mean(dims, keepdim=True)\n"
+        "    return x - r if shift is None else x - r + shift\n")
+    (d / "request.yaml").write_text(yaml.safe_dump({
+        "name": "attrs", "description": "attributes of every type", "category": "reduction",
+        "inputs": {"x": {"shape": ["N", "M"], "dtype": ["float32"]}},
+        "attributes": {"dims": {"type": "ints", "default": [1]}, "mode": {"type": "str", "default": "max"},
+                       "shift": {"type": "float", "default": None}},
+        "reference": "reference.py:forward", "backward": True, "shapes": {"p0": [{"N": 5, "M": 7}]}}))
+    req = load_request(d)
+    assert [a.default for a in req.attributes] == [(1,), "max", None]
+    b = plan_request(req)
+    impl = load_impl(tmp_path / "attrs_impl.py", generate_impl(req, b))
+    x = torch.randn(5, 7)
+    torch.testing.assert_close(impl.attrs(x), x - x.amax(1, keepdim=True))
+    torch.testing.assert_close(impl.attrs(x, dims=[1]), x - x.amax(1, keepdim=True))
+    for wrong in ({"dims": (0,)}, {"mode": "mean"}, {"shift": 1.0}):
+        with pytest.raises(ValueError, match="this build is specialised to"):
+            impl.attrs(x, **wrong)
+
+
 def test_group_size_relation_from_a_product_shape(tmp_path):
     """'G*32' ties the weight's row to the number of groups; the kernel's rows are the groups."""
     req = load_request(ROOT / "examples" / "qat_asymmetric_per_group")

@@ -44,6 +44,12 @@ CASES = {
                                 "request.yaml: inputs: weight has shape [N, M] and scale [K]: M and K must be equal "
                                 "for reference.py:forward (it raised: The size of tensor a (M) must match the size "
                                 "of tensor b (K) at non-singleton dimension 1)"),
+    "float_attribute_not_a_number": (lambda d: d["attributes"]["eps"].update(default="small"), None,
+                                     "attributes.eps.default: expected a float, got 'small'"),
+    "ints_attribute_not_a_list": (lambda d: d["attributes"].update(kernel={"type": "ints", "default": 3}), None,
+                                  "attributes.kernel.default: expected a list of ints, got 3"),
+    "ints_attribute_of_floats": (lambda d: d["attributes"].update(kernel={"type": "ints", "default": [2, 1.5]}),
+                                 None, "attributes.kernel.default: expected a list of ints, got [2, 1.5]"),
     "probe_sizes_named": (None, "def forward(weight, scale, eps=1e-4, qmin=-128.0, qmax=127.0):\n"
                                 "    return weight @ scale\n",
                           "mat1 and mat2 shapes cannot be multiplied (5x7 and 1x1) (called with N=5, M=7)"),

@@ -26,7 +26,10 @@ CATEGORIES = ("elementwise", "reduction", "norm", "activation", "matmul", "convo
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 # integer inputs: class labels and other indices, quantized weights; never differentiated, read exactly
 INDEX_DTYPES = ("int64", "int32", "int8", "bool")  # read exactly, drawn from a range, no gradient
-ATTR_TYPES = {"float": float, "int": int, "bool": bool}
+# an attribute's type -> what its default may be; `ints` and `floats` are sequences (kernel sizes, strides, a
+# normalized shape), read as tuples. Every type takes `null` (None) too. Float attributes are run-time kernel
+# arguments; the others (and a float whose default is None) specialise the build to their value.
+ATTR_TYPES = {"float": (int, float), "int": int, "bool": bool, "str": str, "ints": int, "floats": (int, float)}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # a dimension may be a sum of products of symbols and sizes, for sizes tied to each other ("G*32": groups of 32;
@@ -54,7 +57,7 @@ FORMAT: dict[str, dict[str, Key]] = {
          "deterministic": Key(bool)},
     "inputs.<name>": {"shape": Key(list, True), "dtype": Key((str, list), True), "requires_grad": Key(bool),
                       "range": Key(list), "edges": Key(list)},
-    "attributes.<name>": {"type": Key(str, True), "default": Key((int, float, bool), True)},
+    "attributes.<name>": {"type": Key(str, True), "default": Key((int, float, bool, str, list), True)},
     "outputs.<name>": {"shape": Key(list), "dtype": Key((str, list))},
     "shapes": {"p0": Key(list, True)},
     "tolerance.<dtype>": {"atol": Key((int, float)), "rtol": Key((int, float))},
@@ -215,6 +218,21 @@ def _dtype_list(value, where: str) -> list[str]:
     return list(items)
 
 
+def _attr_default(value, atype: str, where: str):
+    """An attribute's default checked against its type: a float as float, a sequence as a tuple, None as is."""
+    if value is None:
+        return None
+    items = value if atype in ("ints", "floats") else [value]
+    if atype in ("ints", "floats") and not isinstance(value, list):
+        raise _bad(where, f"expected a list of {atype[:-1]}s, got {value!r}")
+    if any(isinstance(v, bool) != (atype == "bool") or not isinstance(v, ATTR_TYPES[atype]) for v in items):
+        raise _bad(where, f"expected {'a list of ' + atype if atype in ('ints', 'floats') else 'a ' + atype}, "
+                          f"got {value!r}")
+    if atype == "float":
+        return float(value)
+    return tuple(float(v) if atype == "floats" else v for v in items) if atype in ("ints", "floats") else value
+
+
 def _shape(shape: list, where: str) -> None:
     for d in shape:
         ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
@@ -332,12 +350,9 @@ def load_request(request_dir: str | Path) -> Request:
         atype = _field(spec, "attributes.<name>", "type", where)
         if atype not in ATTR_TYPES:
             raise _bad(f"{where}type", f"{atype!r} is not one of {', '.join(ATTR_TYPES)}")
-        default = _field(spec, "attributes.<name>", "default", where)
-        if atype == "float" and not isinstance(default, bool):
-            default = float(default)
-        elif not isinstance(default, ATTR_TYPES[atype]) or (atype == "int" and isinstance(default, bool)):
-            raise _bad(f"{where}default", f"expected a {atype}, got {default!r}")
-        attributes.append(AttrSpec(str(aname), atype, default))
+        null = "default" in spec and spec["default"] is None  # None, which _field would take for missing
+        default = None if null else _field(spec, "attributes.<name>", "default", where)
+        attributes.append(AttrSpec(str(aname), atype, _attr_default(default, atype, f"{where}default")))
 
     outputs = _field(doc, "", "outputs", "")
     for oname, spec in (outputs or {}).items():

@@ -274,7 +274,7 @@ def _size(plan: RowPlan, expr: str, subs: dict) -> int:
 
 def generate_impl(req: Request, build: Build) -> str:
     t = build.traced
-    fixed = {a.name: a.default for a in req.attributes if a.type != "float"}
+    fixed = {a.name: a.default for a in req.attributes if a.type != "float" or a.default is None}
     return emit_module(req.name, req.description, build.forward, build.backward, inputs=t.kernel_inputs,
                        public_inputs=t.input_names, grad_inputs=t.kernel_grad_inputs, output_names=t.output_names,
                        runtime_attrs=t.runtime_attrs,

@@ -425,6 +425,15 @@ def _rows_out(leading: dict | None, n_out: int) -> str:
     return f"    return outs if lead is None else ({', '.join(shaped)})\n"
 
 
+def _same_value(name: str, value) -> str:
+    """Source of the condition that attribute `name` differs from the value the build is specialised to."""
+    if value is None:
+        return f"{name} is not None"
+    if isinstance(value, tuple):
+        return f"not isinstance({name}, (list, tuple)) or tuple({name}) != {value!r}"
+    return f"{name} != {value!r}"
+
+
 def _fake_outputs(outputs, size_names: dict, dims: dict, ref: str) -> tuple[list[str], list[str]]:
     """The fake's output tensors, their shapes in the request's size symbols read off the inputs as the launchers
     read them (a 'G*64' dimension is 64*G, never weight.shape[1] divided by an expression of itself), and the
@@ -583,8 +592,9 @@ _{op}_op.register_autograd(_backward, setup_context=_setup_context)
 ''')
     kw_sig = ", ".join(f"{a}: float = {attr_defaults[a]!r}" for a in runtime_attrs)
     fixed_sig = "".join(f", {a}={v!r}" for a, v in fixed_attrs.items())
+    # a sequence attribute may come as a list or a tuple (torch takes both for a kernel size)
     fixed_check = "".join(
-        f"    if {a} != {v!r}:\n        raise ValueError(\"{a}: this build is specialised to {a}={v!r}\")\n"
+        f"    if {_same_value(a, v)}:\n        raise ValueError(\"{a}: this build is specialised to {a}={v!r}\")\n"
         for a, v in fixed_attrs.items())
     # autograd would silently give None for an input built without a gradient
     grad_check = "".join(

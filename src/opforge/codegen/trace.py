@@ -230,7 +230,8 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         return joint
 
     defaults = req.attr_defaults
-    moved = {a.name: (_perturb(a.default) if a.type == "float" else a.default) for a in req.attributes}
+    moved = {a.name: (_perturb(a.default) if a.type == "float" and a.default is not None else a.default)
+             for a in req.attributes}
     args = list(tensors)
     if grads:
         outs = run_reference(req, fn, tensors, defaults)
@@ -256,7 +257,8 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
 
 def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.GraphModule) -> set[str]:
     """Replace constants of g_a that follow a float attribute by AttrRef; returns the attributes used."""
-    floats = {a.name: (a.default, _perturb(a.default)) for a in req.attributes if a.type == "float"}
+    floats = {a.name: (a.default, _perturb(a.default)) for a in req.attributes
+              if a.type == "float" and a.default is not None}
     nodes_a, nodes_b = list(g_a.graph.nodes), list(g_b.graph.nodes)
     where = f"{req.reference_file}:{req.reference_func}"
     if [n.target for n in nodes_a] != [n.target for n in nodes_b]:

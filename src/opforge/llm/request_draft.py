@@ -35,7 +35,7 @@ request.yaml fields:
 - inputs: ordered mapping; each {shape: [symbols or ints], dtype: [bfloat16, float16, float32] or 'like <input>',
   optional requires_grad: bool (with backward: true, default true for a floating input; write false for a
   constant such as a table or a target), optional range: [low, high]}
-- attributes: mapping of keyword arguments {type: float|int|bool, default: value}
+- attributes: mapping of keyword arguments {type: float|int|bool|str|ints|floats, default: value or null}
 - outputs: optional mapping {name: {shape: [...], dtype: like <input>}}
 - reference: reference.py:forward  (plain PyTorch, computes in the dtype it is given, no data-dependent branches)
 - backward: true when gradients are wanted
