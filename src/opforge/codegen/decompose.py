@@ -523,6 +523,37 @@ def interleaved_gradients(gm: torch.fx.GraphModule) -> None:
 PRODUCTS_2D = {aten.mm.default, aten.addmm.default}
 
 
+def views_onto_inputs(gm: torch.fx.GraphModule) -> None:
+    """A per-channel vector computed elementwise from an input and then viewed to broadcast (batch norm in
+    evaluation: running_var + eps, its square root's reciprocal, then viewed (C, 1, 1)): the view moves onto the
+    input, above the elementwise ops, so that the row planner reads the input at the viewed shape; the ops, which
+    keep the shape, run on the view instead."""
+    graph = gm.graph
+    for view in list(graph.nodes):
+        if view.op != "call_function" or view.target not in (*RESHAPES, aten.unsqueeze.default):
+            continue
+        chain, src = [], view.args[0]
+        while (src.op == "call_function" and len(src.users) == 1 and OP_TABLE.get(op_name(src.target)) and
+               OP_TABLE[op_name(src.target)].kind == POINTWISE and len(src.all_input_nodes) == 1 and
+               isinstance(src.args[0], torch.fx.Node)):
+            chain.append(src)
+            src = src.args[0]
+        if not chain or src.op != "placeholder":
+            continue
+        with graph.inserting_before(chain[-1]):
+            top = graph.call_function(view.target, (src, *view.args[1:]))
+        top.meta["val"] = _fake(view.target, (src, *view.args[1:]))
+        below = top
+        for op in reversed(chain):  # the elementwise ops again, on the viewed input, in their order
+            op.args = (below, *op.args[1:])
+            op.meta["val"] = _fake(op.target, op.args, op.kwargs)
+            below = op
+        view.replace_all_uses_with(chain[0])
+        graph.erase_node(view)
+    graph.lint()
+    gm.recompile()
+
+
 def sink_row_views(gm: torch.fx.GraphModule) -> None:
     """F.linear of a (B, S, E) input traces the product as (B·S, N) viewed (B, S, N), so the bias, activation
     and residual after it run on the view. Each pointwise op on such a view runs on the product's rows instead,

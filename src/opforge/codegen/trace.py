@@ -33,6 +33,7 @@ from opforge.codegen.decompose import (
     sink_row_views,
     split_to_slices,
     split_value_index,
+    views_onto_inputs,
 )
 from opforge.errors import InputError
 from opforge.request import REQUEST_FILE, Request, dim_size
@@ -252,6 +253,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         fold_reshapes(gm)
         interleaved_gradients(gm)  # after fold_reshapes: the sizes it compares are read off the views
         sink_row_views(gm)
+        views_onto_inputs(gm)
     return g_a, g_b
 
 
