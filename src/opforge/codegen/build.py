@@ -164,16 +164,16 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     fwd = _plan_forward(req, traced, traced.forward)
     scans = forward_scans(traced.forward, traced.backward_graph, len(traced.input_names),
                           len(traced.output_names)) if traced.joint is not None else []
-    if scans:  # saved always: see codegen/saved.py
-        names = [f"saved_{f.name}" for _, f in scans]
-        fwd, bwd = _plan_forward(req, traced, add_outputs(traced.forward, [f for _, f in scans]), names), \
-            _plan_backward(req, traced, read_instead(traced.backward_graph, [b for b, _ in scans], names), names)
-    else:
-        bwd = _plan_backward(req, traced, traced.backward_graph) if traced.joint is not None else None
+    names = [f"saved_{f.name}" for _, f in scans]
+    fwd_saving, bwd = _plan_saving(req, traced, scans, names) if scans else (None, None)  # saved always (saved.py)
+    if fwd_saving is not None:
+        fwd = fwd_saving
+    elif traced.joint is not None:  # nothing to save, or saving does not plan: the backward as traced
+        bwd = _plan_backward(req, traced, traced.backward_graph)
     build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.kernel_inputs))
-    if scans:
+    if fwd_saving is not None:
         build.saved = SavedStats(names, 0, (0, 0), "scans")
-    if isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan) and not scans:
+    elif isinstance(fwd, RowPlan) and isinstance(bwd, RowPlan):
         _save_stats(req, build)
     if isinstance(fwd, StagedPlan) and isinstance(bwd, StagedPlan):
         _save_products(req, build)

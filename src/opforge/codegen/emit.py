@@ -222,8 +222,7 @@ def emit_launcher(op: str, plan: KernelPlan, dims: dict, fn_name: str, tensor_ar
     out += divisibility_checks([d for o in plan.outputs for d in o.shape], dims)
     dev = f"{ref}.device"
     for o in plan.outputs:
-        dtype = o.dtype
-        b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={dtype}, device={dev})")
+        b(f"    {o.name} = torch.empty({_py_shape(o.shape, dims)}, dtype={o.dtype}, device={dev})")
     b("    knobs = _knobs(n_elements)  # tuned for this size, or the defaults")
     b('    BLOCK = knobs["BLOCK"]')
     out += launch_setup("triton.cdiv(n_elements, BLOCK)", plan.reductions, dev,
@@ -444,8 +443,7 @@ def _fake_outputs(outputs, size_names: dict, dims: dict, ref: str) -> tuple[list
     names = {**dims, **{s: v for s, v in named.items() if all(a in reads for a in atoms({s: v}))}}
     outs = []
     for o in outputs:
-        dtype = o.dtype
-        outs.append(f"torch.empty({_py_shape(o.shape, names)}, dtype={dtype}, device={ref}.device)")
+        outs.append(f"torch.empty({_py_shape(o.shape, names)}, dtype={o.dtype}, device={ref}.device)")
     checks = divisibility_checks([d for o in outputs for d in o.shape], names)
     text = "\n".join(outs + checks)
     lines = []

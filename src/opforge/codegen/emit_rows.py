@@ -787,9 +787,8 @@ def row_inputs_and_outputs(plan: RowPlan, dims: dict, given: str | None = None, 
         b(f"{pad}_expect_shape({a.name!r}, {a.name}, ({''.join(pysrc(d, names) + ', ' for d in a.shape)}))")
     out += divisibility_checks(graph_shapes(plan.gm), names, pad)
     for o in plan.outputs:
-        dtype = o.dtype
         shape = "".join(pysrc(sympy.sympify(d), names) + ", " for d in o.shape)
-        b(f"{pad}{o.name} = torch.empty(({shape}), dtype={dtype}, device={device or ins[0].name + '.device'})")
+        b(f"{pad}{o.name} = torch.empty(({shape}), dtype={o.dtype}, device={device or ins[0].name + '.device'})")
     return out
 
 

@@ -218,8 +218,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     if bad:
         raise Unsupported(sorted(set(bad)), "no Triton lowering for")
 
-    p = _RowPlanner(gm, input_names, sym_names, upstream(wanted))
-    p.wanted = wanted
+    p = _RowPlanner(gm, input_names, sym_names, wanted)
     if p.conflict:
         raise _conflict(p.conflict, wanted)
     p.classify()
@@ -447,16 +446,16 @@ class _RowPlanner:
     """One walk over the needed nodes of a graph, in order: what the row kernel knows of each value (`info`),
     the inputs it reads, the reductions it runs, and the finished values a later kernel must be handed (`cuts`)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, input_names: list[str], sym_names: dict, needed):
+    def __init__(self, gm: torch.fx.GraphModule, input_names: list[str], sym_names: dict, wanted: list):
         self.graph = gm.graph
         self.env = shape_env_of(gm)
         self.input_names = input_names
         self.sym_names = sym_names
-        self.needed = needed
-        self.wanted: list = []  # the outputs' nodes, in order
+        self.wanted = wanted  # the outputs' nodes, in order
+        self.needed = upstream(wanted)
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        self.space = _iteration_space(self.graph, needed, self.env)
-        self.perm, self.split, self.conflict = _layout(self.graph, needed, self.space, self.env)
+        self.space = _iteration_space(self.graph, self.needed, self.env)
+        self.perm, self.split, self.conflict = _layout(self.graph, self.needed, self.space, self.env)
         self.walked = [self.space[j] for j in self.perm]  # the space in the order the kernel walks it
         self.R, self.C = product(self.walked[:self.split]), product(self.walked[self.split:])
         self.stores: dict = {}  # full outputs of a reordered walk: name -> (row offset, column offset)

@@ -159,6 +159,12 @@ def grad_outputs(shapes, dtype, seed: int) -> list[torch.Tensor]:
     return [make_tensor(tuple(s), dtype, seed=seed + 104729 + i, distribution="normal") for i, s in enumerate(shapes)]
 
 
+def floating_pairs(outs, grads) -> tuple[list, list]:
+    """The outputs that take a gradient, and their upstream gradients: indices (int64) take none."""
+    pairs = [(o, g) for o, g in zip(outs, grads) if o.is_floating_point()]
+    return [o for o, _ in pairs], [g for _, g in pairs]
+
+
 def find_case(design: dict, case_id: str) -> dict:
     """A case of the verification matrix (design.json) by its id."""
     v = design["verification"]
@@ -192,8 +198,8 @@ def _call_impl(impl, op: str, tensors, attrs, grad_outputs, grad_inputs, names):
     grads = ()
     if grad_outputs is not None:
         wrt = [t for t, n in zip(ins, names) if n in grad_inputs]
-        pairs = [(o, g) for o, g in zip(outs, grad_outputs) if o.is_floating_point()]  # indices take no gradient
-        grads = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs])
+        floats, upstream_grads = floating_pairs(outs, grad_outputs)
+        grads = torch.autograd.grad(floats, wrt, upstream_grads)
     return ins, [o.detach() for o in outs], [g.detach() for g in grads]
 
 

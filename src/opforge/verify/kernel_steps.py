@@ -184,7 +184,7 @@ def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
     """Replay one failing case of a workspace and name the kernel step where `output` goes wrong."""
     from opforge.codegen.trace import trace_request
     from opforge.request import load_request
-    from opforge.verify.cases import build_inputs, find_case, grad_outputs, interpreter_blocks
+    from opforge.verify.cases import build_inputs, find_case, floating_pairs, grad_outputs, interpreter_blocks
 
     ws = Path(ws_dir)
     spec = json.loads((ws / "spec.json").read_text())
@@ -206,8 +206,8 @@ def localise(ws_dir: str | Path, case_id: str, seed: int, output: str) -> dict:
         outs = getattr(impl, op)(*ins, **attrs)
         if backward:
             outs = outs if isinstance(outs, tuple) else (outs,)
-            pairs = [(o, g) for o, g in zip(outs, g_outs) if o.is_floating_point()]  # indices take no gradient
-            torch.autograd.grad([o for o, _ in pairs], [t for t in ins if t.requires_grad], [g for _, g in pairs])
+            floats, grads = floating_pairs(outs, g_outs)
+            torch.autograd.grad(floats, [t for t in ins if t.requires_grad], grads)
 
     with interpreter_blocks(impl, tensors):  # the blocks that the failing run ran
         records = record_kernels(impl_path, call)
