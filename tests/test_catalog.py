@@ -123,6 +123,8 @@ CATALOG = {
     "softmax": (softmax, [{"N": 3, "V": 5}, {"N": 37, "V": 129}], "row"),
     "group_norm": (lambda x, w, b: torch.nn.functional.group_norm(x, 32, w, b, 1e-5),
                    [{"N": 2, "D": 1, "H": 3, "W": 5}, {"N": 3, "D": 2, "H": 4, "W": 9}], "row"),
+    "max_pool2d": (lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1),
+                   [{"N": 2, "C": 3, "H": 9, "W": 10}, {"N": 3, "C": 4, "H": 17, "W": 23}], None),
     "cumsum": (lambda x: torch.cumsum(x, -1), [{"N": 3, "M": 5}, {"N": 37, "M": 129}], "row"),
     "cross_entropy": (cross_entropy, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
     "cross_entropy_labels": (cross_entropy_labels, [{"B": 3, "V": 5}, {"B": 19, "V": 300}], "all"),
@@ -299,8 +301,10 @@ def test_looped_softmax_takes_max_and_sum_in_one_walk_and_keeps_torch_nonfinite_
 
 
 # the catalog operators whose reference reads leading dimensions otherwise: cross_entropy takes dim 1 of a 3-D
-# input as the classes; the per-group quantizer views its weight by the first dimension alone
-DECLARED_RANK_ONLY = {"cross_entropy", "cross_entropy_labels", "qat_asymmetric_per_group", "group_norm"}
+# input as the classes; the per-group quantizer views its weight by the first dimension alone; pooling reads
+# the last dimensions as the window's and the one before them as channels
+DECLARED_RANK_ONLY = {"cross_entropy", "cross_entropy_labels", "qat_asymmetric_per_group", "group_norm",
+                      "max_pool2d"}
 
 
 @pytest.mark.parametrize("name", list(CATALOG))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import sympy
@@ -11,7 +10,7 @@ from opforge.codegen.attention import regions_of
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
 from opforge.codegen.gemm import SAVED_LIBRARY, StagedPlan, has_products, operands, plan_staged
 from opforge.codegen.ops import op_name
-from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel, shape_exprs
+from opforge.codegen.plan import KernelPlan, Unsupported, plan_kernel
 from opforge.codegen.rows import ChainPlan, RowPlan, plan_chain
 from opforge.codegen.saved import (
     SavedStats,
@@ -24,15 +23,13 @@ from opforge.codegen.saved import (
 )
 from opforge.codegen.symbolic import (
     exact_groups,
-    graph_shapes,
-    group_divisions,
-    pysrc,
     renamed,
     shape_env_of,
+    shape_exprs,
     shape_of,
 )
-from opforge.codegen.trace import TracedOp, TraceError, trace_request
-from opforge.request import INDEX_DTYPES, Request, dim_symbols
+from opforge.codegen.trace import TracedOp, symbol_map, trace_request
+from opforge.request import INDEX_DTYPES, Request
 
 
 @dataclass
@@ -115,7 +112,7 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     if plan.layout == "staged":  # one kernel a GEMM or attention stage, and what each glue stage launches
         glue = [device_events(p, subs, max_block_c) for p in plan.glue]
         return {"kernels": len(plan.gemms) + sum(a.launches for a in plan.attentions) + sum(g["kernels"] for g in glue)
-                + len(plan.copies) + len(plan.cats) + len(plan.libraries),
+                + len(plan.copies) + len(plan.cats) + len(plan.libraries) + len(plan.pools),
                 "memsets": sum(g["memsets"] for g in glue)}
     kernels = memsets = 0
     for k in kernels_of(plan):
@@ -127,40 +124,8 @@ def device_events(plan, subs: dict, max_block_c: int = MAX_BLOCK_C) -> dict:
     return {"kernels": kernels, "memsets": memsets}
 
 
-def check_size_relations(req: Request, traced: TracedOp) -> None:
-    """Refuse a reference that ties sizes together in a way the request's shapes do not state (a scale of G
-    groups for a weight of M columns cut into groups of 64: M // 64 == G). The kernels read each symbol off
-    its own input, so such a relation would go unchecked and the op would cut the rows into other groups. The
-    trace's equalities, with the shapes' own relations ('G*64') substituted, must hold at sizes the request
-    allows: distinct multiples of every group size (a width a group size does not divide is refused by the
-    impl itself, `symbolic.divisibility_checks`)."""
-    symbols = {s: sympy.Symbol(s, integer=True, positive=True) for s in req.symbols}
-    for gm in (traced.forward, traced.joint):
-        env = shape_env_of(gm) if gm is not None else None
-        if env is None:
-            continue
-        names = symbol_map(gm, req, products=True)
-        step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
-        bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
-                    for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
-        for guard in env.guards:
-            if not isinstance(guard.expr, sympy.Eq):
-                continue
-            lhs, rhs = (renamed(side, names) for side in guard.expr.args)
-            if not lhs.free_symbols | rhs.free_symbols <= set(symbols.values()):
-                continue  # a size of no input (a gradient's), tied to the inputs' by the trace
-            for b in bindings:
-                if sympy.Eq(lhs.xreplace(b), rhs.xreplace(b)) is sympy.false:
-                    at = ", ".join(f"{k}={v}" for k, v in zip(symbols, b.values()))
-                    raise TraceError(f"{req.reference_file}:{req.reference_func}",
-                                     f"the reference needs {pysrc(lhs, {})} == {pysrc(rhs, {})}, a relation "
-                                     f"between sizes that the request's shapes do not state (it fails at {at}); "
-                                     "state it in the shapes, as a product such as 'G*64' for G groups of 64")
-
-
 def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
-    check_size_relations(req, traced)
     fwd = _plan_forward(req, traced, traced.forward)
     scans = forward_scans(traced.forward, traced.backward_graph, len(traced.input_names),
                           len(traced.output_names)) if traced.joint is not None else []
@@ -284,21 +249,6 @@ def generate_impl(req: Request, build: Build) -> str:
                        size_names=symbol_map(t.forward, req, products=True),
                        no_grad_inputs=tuple(s.name for s in req.inputs
                                             if not s.requires_grad and s.dtypes[0] not in INDEX_DTYPES))
-
-
-def symbol_map(gm, req: Request, products: bool = False) -> dict:
-    """Graph shape symbols -> the request's shape symbols, read off the placeholders. With `products`, a
-    dimension declared as 'G*32' maps to the expression 32*G, one declared 'L+R*2' to L + 2*R."""
-    out = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for spec, node in zip(req.inputs, placeholders):
-        for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
-            if isinstance(e, sympy.Symbol) and isinstance(d, str) and d.isidentifier():
-                out[e] = d
-            elif products and isinstance(e, sympy.Symbol) and isinstance(d, str) and e not in out:
-                out[e] = sympy.sympify(d, locals={f: sympy.Symbol(f, integer=True, positive=True)
-                                                  for f in dim_symbols(d)})
-    return out
 
 
 def grad_symbols(gm, req: Request, input_names: list[str], named: dict) -> dict:

@@ -9,6 +9,7 @@ prims that carry no ATen schema, and this two-level form is the numerically safe
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import operator
 
@@ -104,13 +105,31 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return out.view(input.shape)
 
 
+def _one(v, default=None):
+    """A 1-D pooling argument (an int or a 1-tuple; None or () for the default) as an int."""
+    if v is None or (isinstance(v, (tuple, list)) and not v):
+        return default
+    return v[0] if isinstance(v, (tuple, list)) else v
+
+
+def _max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """1-D max pooling as 2-D pooling over a height of one: torch's composite reads the length as an int. The
+    indices are the same, positions along the length."""
+    k = _one(kernel_size)
+    out = F.max_pool2d(input.unsqueeze(-2), (1, k), (1, _one(stride, k)), (0, _one(padding)), (1, _one(dilation)),
+                       ceil_mode=ceil_mode, return_indices=True)
+    values, indices = out[0].squeeze(-2), out[1].squeeze(-2)
+    return (values, indices) if return_indices else values
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
     torch traces one symbolic graph of ops the engine lowers."""
 
     TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa,
-             F.instance_norm: _instance_norm, F.group_norm: _group_norm}
+             F.instance_norm: _instance_norm, F.group_norm: _group_norm, F.max_pool1d: _max_pool1d,
+             F.max_pool1d_with_indices: functools.partial(_max_pool1d, return_indices=True)}
 
     def __init__(self):
         super().__init__()

@@ -14,6 +14,7 @@ from opforge.codegen.across import finish, helpers, launch_setup, meet
 from opforge.codegen.attention import AttentionStage
 from opforge.codegen.emit_attention import ATTENTION_KNOBS, emit_attention_kernel, emit_attention_launcher
 from opforge.codegen.emit_gemm import emit_gemm_kernel, emit_gemm_launcher, gemm_knobs
+from opforge.codegen.emit_pool import POOL_KNOBS, emit_pool_kernel, emit_pool_launcher
 from opforge.codegen.emit_rows import (
     COLUMN_SUMS,
     _size_sources,
@@ -22,9 +23,10 @@ from opforge.codegen.emit_rows import (
     launcher_signature,
 )
 from opforge.codegen.gemm import HOST_CATS, VIEW_METHODS, GemmStage, HostView, LibraryStage
-from opforge.codegen.ops import HELPERS, reduce_combine
+from opforge.codegen.ops import HELPERS, load_value, reduce_combine
 from opforge.codegen.ops import REDUCE_IDENTITY as _IDENTITY
 from opforge.codegen.plan import KernelPlan
+from opforge.codegen.pooling import PoolStage
 from opforge.codegen.pretty import hanging_call, wrap_source
 from opforge.codegen.symbolic import atoms, divisibility_checks, multiple_check, pysrc
 from opforge.codegen.trace import INDEX
@@ -156,7 +158,7 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
     pad = "        " if red else "    "
     for a in plan.inputs:
         if not a.full:
-            b(f"    {a.name} = _to_f32(tl.load({a.name}_ptr))  # one value for the whole tensor")
+            b(f"    {a.name} = {load_value(f'{a.name}_ptr', boolean=a.boolean)}  # one value for the whole tensor")
     for s in plan.body:
         if red and not s.block:
             b(f"    {s.target} = {s.expr}  # {s.comment}")
@@ -171,7 +173,7 @@ def emit_kernel(op: str, plan: KernelPlan) -> str:
     b(f"{pad}mask = offs < n_elements  # the last block runs past the end")
     for a in plan.inputs:
         if a.full:
-            b(f"{pad}{a.name} = _to_f32(tl.load({a.name}_ptr + offs, mask=mask, other=0.0))")
+            b(f"{pad}{a.name} = {load_value(f'{a.name}_ptr + offs', 'mask', a.boolean)}")
     for s in plan.body:
         if not red or s.block:
             b(f"{pad}{s.target} = {s.expr}  # {s.comment}")
@@ -243,6 +245,7 @@ def _kernel_source(op: str, plan) -> str:
         return "\n\n".join(emit_gemm_kernel(op, s) + (f"\n\n{_kernel_source(op, s.rows.plan)}" if s.rows else "")
                            if isinstance(s, GemmStage) else
                            emit_attention_kernel(op, s) if isinstance(s, AttentionStage) else
+                           emit_pool_kernel(op, s) if isinstance(s, PoolStage) else
                            _kernel_source(op, s.plan) for s in plan.steps
                            if not isinstance(s, (HostView, LibraryStage)))
     if plan.chained:
@@ -299,7 +302,7 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
             calls.append(f"    {step.target} = {step.args[0]}.{VIEW_METHODS[step.op]}({', '.join(step.args[1:])})")
             have.append(step.target)
             continue
-        sub = f"_{op}_{step.name if isinstance(step, (GemmStage, AttentionStage)) else step.plan.name}"
+        sub = f"_{op}_{step.name if isinstance(step, (GemmStage, AttentionStage, PoolStage)) else step.plan.name}"
         if isinstance(step, GemmStage):
             rows_call = None
             if step.rows:  # the row kernel for a product too wide for one tile
@@ -310,6 +313,9 @@ def _staged_launcher(op: str, plan, fn_name: str, tensor_args: list[str], attrs:
             outs = step.writes
         elif isinstance(step, AttentionStage):
             parts.append(emit_attention_launcher(op, step, sub, have, attrs))
+            outs = step.writes
+        elif isinstance(step, PoolStage):
+            parts.append(emit_pool_launcher(op, step, sub, have, attrs))
             outs = step.writes
         else:
             parts.append(_launcher_source(op, step.plan, step.plan.dims, sub, have, attrs))
@@ -494,6 +500,7 @@ def emit_module(op: str, description: str, fwd: KernelPlan, bwd: KernelPlan | No
     rows = any(st.rows for p in plans if p.layout == "staged" for st in p.gemms)
     parts.append("\n\n" + gemm_knobs(rows) if any(p.layout == "staged" for p in plans) else "")
     parts.append("\n\n" + ATTENTION_KNOBS if any(p.layout == "staged" and p.attentions for p in plans) else "")
+    parts.append("\n\n" + POOL_KNOBS if any(p.layout == "staged" and p.pools for p in plans) else "")
     parts.append(ROWS_VIEW if leading else "")
     parts.append('''
 

@@ -25,7 +25,9 @@ from opforge.codegen.ops import (
     VIEW,
     block_reduce,
     ieee_nodes,
+    is_mask,
     is_reverse_scan,
+    load_value,
     op_name,
     reduce_combine,
     upstream,
@@ -225,10 +227,11 @@ class _Emitter:
         m = self.inputs[node]
         i = self.p.info[node]
         if m.layout == "scalar":
-            self.head.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr))  # one value for the whole tensor")
+            value = load_value(f"{m.name}_ptr", boolean=is_mask(node))
+            self.head.add(f"{m.name} = {value}  # one value for the whole tensor")
             return m.name
         if not i.dc:
-            self.pre.add(f"{m.name} = _to_f32(tl.load({m.name}_ptr + {m.row_off}, mask=rmask, other=0.0))")
+            self.pre.add(f"{m.name} = {load_value(f'{m.name}_ptr + {m.row_off}', 'rmask', is_mask(node))}")
             return m.name
         at = operand(col)
         mask = [] if not i.dr else ["rmask"]
@@ -238,7 +241,7 @@ class _Emitter:
         col_off = m.col_off.format(c=at)
         off = f"{m.row_off} + {col_off}" if i.dr else col_off
         target = m.name if col == COLS else self._target(node, col).replace(node.name, m.name)
-        blk.add(f"{target} = _to_f32(tl.load({m.name}_ptr + {off}, mask={' & '.join(mask)}, other=0.0))")
+        blk.add(f"{target} = {load_value(f'{m.name}_ptr + {off}', ' & '.join(mask), is_mask(node))}")
         return target
 
     def _shift(self, node, key, col, blk) -> str:

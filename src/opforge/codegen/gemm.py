@@ -26,6 +26,7 @@ from opforge.codegen.attention_grad import ATTENTION_BACKWARD, ATTENTION_OP, Att
 from opforge.codegen.decompose import sum_terms
 from opforge.codegen.ops import OP_TABLE, POINTWISE, REDUCTION, SCAN, SHIFT, SYMBOLIC, VIEW, op_name
 from opforge.codegen.plan import KernelPlan, OutArg, PlanOfParts, Unsupported
+from opforge.codegen.pooling import POOLS, PoolStage, pool_stage
 from opforge.codegen.symbolic import SYM_OPS, expr_of, hint, pysrc, same, shape_env_of
 
 PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
@@ -34,7 +35,8 @@ PRODUCTS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
 # ops the vendor library computes through torch (cuDNN's convolutions, or the backend's own): one call in the
 # launcher each, the glue around them fused as around a product
 LIBRARY = {"aten.convolution.default", "aten.convolution_backward.default"}
-STAGES = PRODUCTS | LIBRARY | {ATTENTION, ATTENTION_OP, ATTENTION_BACKWARD}
+# poolings and their backwards: a Triton kernel of their own each (codegen/pooling.py)
+STAGES = PRODUCTS | LIBRARY | set(POOLS) | {ATTENTION, ATTENTION_OP, ATTENTION_BACKWARD}
 SAVED_LIBRARY = {"aten.convolution.default"}  # forward values the backward reads instead of computing again
 # views the launcher takes with torch when they lead only to products, outputs and other such views
 HOST_VIEWS = {"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
@@ -227,9 +229,13 @@ class StagedPlan(PlanOfParts):
         return [s for s in self.steps if isinstance(s, AttentionStage)]
 
     @property
+    def pools(self) -> list:
+        return [s for s in self.steps if isinstance(s, PoolStage)]
+
+    @property
     def kernels(self) -> list:
         """The pass's Triton kernels in launch order (a library stage launches none of them)."""
-        return [k for s in self.steps for k in ([s] if isinstance(s, (GemmStage, AttentionStage)) else
+        return [k for s in self.steps for k in ([s] if isinstance(s, (GemmStage, AttentionStage, PoolStage)) else
                                                 s.plan.kernels if isinstance(s, GlueStage) else [])]
 
     @property
@@ -277,7 +283,7 @@ class StagedPlan(PlanOfParts):
             elif isinstance(s, GemmStage):
                 out += [(v, "read") for v in s.operand_reads + s.tiles_in + s.scalars + s.row_reads]
                 out += [(v, "write") for v in s.writes]
-            elif isinstance(s, (AttentionStage, LibraryStage)):
+            elif isinstance(s, (AttentionStage, LibraryStage, PoolStage)):
                 out += [(v, "read") for v in s.reads] + [(v, "write") for v in s.writes]
             elif isinstance(s, GlueStage):
                 out += [(v, "read") for v in s.inputs] + [(v, "write") for v in s.outputs]
@@ -545,6 +551,8 @@ def plan_staged(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
                 steps.append(_traced_attention(f"{name}_{next(count)}", p, names, result_like, input_names))
             elif op in LIBRARY:
                 steps.append(_library(f"{name}_{next(count)}", p, names, placeholders))
+            elif op in POOLS:
+                steps.append(pool_stage(f"{name}_{next(count)}", p, names, result_like, needed))
             else:
                 steps.append(gemm(f"{name}_{next(count)}", p))
             done.add(p)

@@ -332,6 +332,20 @@ SCAN_FORMS = {
 }
 
 
+def is_mask(node) -> bool:
+    """A boolean graph value (a mask input, a comparison handed over from another kernel)."""
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
+
+
+def load_value(at: str, mask: str = "", boolean: bool = False) -> str:
+    """A tensor element loaded into registers: float32, or a condition for a mask, whatever the buffer holds."""
+    masked = f", mask={mask}, other=0" if mask else ""
+    if boolean:
+        return f"tl.load({at}{masked}) != 0"
+    return f"_to_f32(tl.load({at}{masked}{'.0' if mask else ''}))"
+
+
 def is_reverse_scan(key: str) -> bool:
     return key.startswith("opforge.reverse_")
 

@@ -31,10 +31,11 @@ from opforge.codegen.ops import (
     VIEW,
     block_reduce,
     ieee_nodes,
+    is_mask,
     op_name,
     upstream,
 )
-from opforge.codegen.symbolic import hint, shape_env_of
+from opforge.codegen.symbolic import hint, shape_env_of, shape_exprs
 from opforge.codegen.trace import INDEX, AttrRef
 
 
@@ -94,6 +95,7 @@ class TensorArg:
     name: str  # kernel parameter is f"{name}_ptr"
     full: bool
     placeholder: int  # position in the graph's placeholders
+    boolean: bool = False  # a mask (a comparison handed over from another kernel): loaded as a condition
 
 
 @dataclass
@@ -192,10 +194,6 @@ def _numel(val) -> sympy.Expr:
     for d in val.shape:
         n = n * (d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(int(d)))
     return sympy.simplify(n)
-
-
-def shape_exprs(val) -> list:
-    return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in val.shape]
 
 
 def _literal(v) -> str | None:
@@ -305,7 +303,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             i = placeholders.index(node)
             pname = input_names[i]
             f = is_full(node)
-            inputs.append(TensorArg(pname, f, i))
+            inputs.append(TensorArg(pname, f, i, is_mask(node)))
             var[node], full[node], after_reduce[node], exact[node] = pname, f, False, True
             continue
         if node.op != "call_function":

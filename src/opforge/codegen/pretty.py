@@ -4,6 +4,7 @@ code, which ruff checks at 120 columns)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tokenize
 
@@ -75,3 +76,25 @@ def hanging_call(head: str, args: list[str], indent: int, width: int = WIDTH) ->
         cur = piece
     out.append(f"{pad}{cur})")
     return out
+
+
+class CodeBuffer:
+    """Lines of source at an indentation that `indent()` deepens for the lines written inside it."""
+
+    def __init__(self, level: int = 0):
+        self.lines: list[str] = []
+        self.level = level
+
+    def __call__(self, line: str) -> None:
+        self.lines.append("    " * self.level + line if line else "")
+
+    @contextlib.contextmanager
+    def indent(self):
+        self.level += 1
+        try:
+            yield
+        finally:
+            self.level -= 1
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"

@@ -17,6 +17,11 @@ from sympy.printing.str import StrPrinter
 from torch.utils._sympy.functions import FloorDiv
 
 
+def shape_exprs(val) -> list:
+    """A traced value's sizes: sympy expressions where symbolic, ints where static."""
+    return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in val.shape]
+
+
 def shape_env_of(gm: torch.fx.GraphModule):
     for n in gm.graph.nodes:
         val = n.meta.get("val")

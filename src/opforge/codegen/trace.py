@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
@@ -35,11 +36,13 @@ from opforge.codegen.decompose import (
     split_value_index,
     views_onto_inputs,
 )
+from opforge.codegen.symbolic import graph_shapes, group_divisions, pysrc, renamed, shape_env_of, shape_exprs
 from opforge.errors import InputError
-from opforge.request import REQUEST_FILE, Request, dim_size
+from opforge.request import REQUEST_FILE, Request, dim_size, dim_symbols
 
 # distinct sizes > 1 so that no symbol is specialised to 0 or 1 and no two symbols collide
 _EXAMPLE_SIZES = (5, 7, 11, 13, 17, 19, 23)
+_LARGER_SIZES = (29, 31, 37, 41, 43, 47, 53)
 # torch's broadcast failure: two sizes that had to be equal (or 1)
 _BROADCAST = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 
@@ -287,24 +290,80 @@ def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.Grap
 
 
 def _candidate_bindings(req: Request):
-    """Small distinct sizes first; then the p0 shapes whose sizes are distinct, for references whose sizes are
-    related (a group size that must divide a row). Distinct sizes keep make_fx from merging two symbols."""
+    """Small distinct sizes first, then larger ones (a size the reference derives, such as a pooled width, can
+    meet another input's size by chance, and make_fx would tie the two); then the p0 shapes whose sizes are
+    distinct, for references whose sizes are related (a group size that must divide a row). Distinct sizes keep
+    make_fx from merging two symbols."""
     yield example_binding(req)
+    yield {sym: _LARGER_SIZES[i % len(_LARGER_SIZES)] for i, sym in enumerate(req.symbols)}
     for b in sorted(req.p0, key=lambda b: sum(b.values())):
         if len(set(b.values())) == len(b) and all(v > 1 for v in b.values()):
             yield dict(b)
 
 
 def trace_request(req: Request) -> TracedOp:
+    """The reference traced at the first candidate sizes where it traces and ties no sizes together that the
+    request's shapes leave free. A relation that holds at every candidate is the reference's own: refused."""
     fn = req.load_reference()
-    first_error = None
+    first_error = relation = None
     for binding in _candidate_bindings(req):
         try:
             traced = _trace_at(req, fn, binding)
-            return traced
         except TraceError as exc:
             first_error = first_error or exc
-    raise first_error
+            continue
+        try:
+            check_size_relations(req, traced)
+            return traced
+        except TraceError as exc:
+            relation = relation or exc
+    raise relation or first_error
+
+
+def check_size_relations(req: Request, traced: TracedOp) -> None:
+    """Refuse a reference that ties sizes together in a way the request's shapes do not state (a scale of G
+    groups for a weight of M columns cut into groups of 64: M // 64 == G). The kernels read each symbol off
+    its own input, so such a relation would go unchecked and the op would cut the rows into other groups. The
+    trace's equalities, with the shapes' own relations ('G*64') substituted, must hold at sizes the request
+    allows: distinct multiples of every group size (a width a group size does not divide is refused by the
+    impl itself, `symbolic.divisibility_checks`)."""
+    symbols = {s: sympy.Symbol(s, integer=True, positive=True) for s in req.symbols}
+    for gm in (traced.forward, traced.joint):
+        env = shape_env_of(gm) if gm is not None else None
+        if env is None:
+            continue
+        names = symbol_map(gm, req, products=True)
+        step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
+        bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
+                    for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
+        for guard in env.guards:
+            if not isinstance(guard.expr, sympy.Eq):
+                continue
+            lhs, rhs = (renamed(side, names) for side in guard.expr.args)
+            if not lhs.free_symbols | rhs.free_symbols <= set(symbols.values()):
+                continue  # a size of no input (a gradient's), tied to the inputs' by the trace
+            for b in bindings:
+                if sympy.Eq(lhs.xreplace(b), rhs.xreplace(b)) is sympy.false:
+                    at = ", ".join(f"{k}={v}" for k, v in zip(symbols, b.values()))
+                    raise TraceError(f"{req.reference_file}:{req.reference_func}",
+                                     f"the reference needs {pysrc(lhs, {})} == {pysrc(rhs, {})}, a relation "
+                                     f"between sizes that the request's shapes do not state (it fails at {at}); "
+                                     "state it in the shapes, as a product such as 'G*64' for G groups of 64")
+
+
+def symbol_map(gm, req: Request, products: bool = False) -> dict:
+    """Graph shape symbols -> the request's shape symbols, read off the placeholders. With `products`, a
+    dimension declared as 'G*32' maps to the expression 32*G, one declared 'L+R*2' to L + 2*R."""
+    out = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for spec, node in zip(req.inputs, placeholders):
+        for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
+            if isinstance(e, sympy.Symbol) and isinstance(d, str) and d.isidentifier():
+                out[e] = d
+            elif products and isinstance(e, sympy.Symbol) and isinstance(d, str) and e not in out:
+                out[e] = sympy.sympify(d, locals={f: sympy.Symbol(f, integer=True, positive=True)
+                                                  for f in dim_symbols(d)})
+    return out
 
 
 def _declared_dims(req: Request, binding: dict) -> dict[int, str]:

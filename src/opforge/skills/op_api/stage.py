@@ -18,6 +18,7 @@ from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import HOST_VIEWS, LIBRARY, PRODUCTS, HostView, einsum_problem
 from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
+from opforge.codegen.pooling import POOLS, pool_text
 from opforge.codegen.trace import kernel_names, trace_request
 from opforge.request import Request
 from opforge.skills.op_api.markdown import cell
@@ -46,6 +47,9 @@ def _op_rows(traced) -> list[dict]:
             kind, triton, exact = "product", "tl.dot (a GEMM stage)", False
         elif rule is None and op in LIBRARY:
             kind, triton, exact = "library", "the vendor library, called through torch (a library stage)", False
+        elif rule is None and op in POOLS:
+            kind, triton, exact = "pooling", "windowed loads (a pooling stage; the backward gathers)", \
+                POOLS[op][0] == "max" and not POOLS[op][2]
         elif rule is None and op in HOST_VIEWS:
             kind, triton, exact = "view", "strides (taken by the launcher)", True
         else:
@@ -113,7 +117,8 @@ def _flops(plan, gm, req, binding, n_elem: int) -> int:
         for side, pro in st.prologues.items():  # one statement per operand element: M·K for A, K·N for B
             other = st.shape[-1] if side == "a" else st.shape[-2]
             total += len(pro.plan.body) * n * k // max(1, shape_numel([other], subs))
-    total += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in plan.attentions + plan.libraries)
+    stages = plan.attentions + plan.libraries + plan.pools
+    total += sum(st.flops(lambda shape: shape_numel(shape, subs)) for st in stages)
     return total + sum(len(p.body + p.epilogue) * n_elem for p in plan.glue)
 
 
@@ -240,6 +245,8 @@ def _staged_notes(plans: list) -> list[str]:
         for st in p.libraries:
             out.append(f"- {st.name}: {st.op.split('.')[1].replace('_', ' ')} by the vendor library (torch.ops."
                        f"{st.op}); reads {', '.join(st.reads)}, writes {', '.join(st.writes)} in the op's dtype.")
+        for st in p.pools:
+            out.append(f"- {st.name}: {pool_text(st)}")
         for g in p.glue:
             out.append(f"- {g.name}: glue between products, a {g.layout} plan.")
     out += ["- A GEMM program owns a BLOCK_M × BLOCK_N = 128 × 128 tile and walks K in BLOCK_K = 32 steps "

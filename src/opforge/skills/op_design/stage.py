@@ -11,6 +11,7 @@ from opforge.codegen.build import kernels_of, plan_request
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.gemm import GemmStage
 from opforge.codegen.plan import KernelPlan
+from opforge.codegen.pooling import PoolStage, pool_text
 from opforge.codegen.rows import RowPlan
 from opforge.request import Request
 from opforge.verify.cases import level0_bindings, level0_cases, level1_cases
@@ -18,11 +19,17 @@ from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 
-def plan_summary(plan: KernelPlan | RowPlan | GemmStage | AttentionStage) -> dict:
+def plan_summary(plan: KernelPlan | RowPlan | GemmStage | AttentionStage | PoolStage) -> dict:
     if isinstance(plan, GemmStage):
         return _gemm_summary(plan)
     if isinstance(plan, AttentionStage):
         return _attention_summary(plan)
+    if isinstance(plan, PoolStage):
+        return {"kernel": plan.name, "layout": "pooling", "pooling": pool_text(plan),
+                "reads": [{"name": n, "operand": "window" if n == plan.x else "full"} for n in plan.reads],
+                "writes": [{"name": n, "operand": "full", "when": "every program, its block of elements"}
+                           for n in plan.writes],
+                "statements": 0, "runtime_attributes": []}
     if plan.layout == "rows":
         return _row_summary(plan)
     return {

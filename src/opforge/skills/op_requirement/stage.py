@@ -10,10 +10,9 @@ import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opforge.codegen.build import symbol_map
 from opforge.codegen.graph_text import dataflow_ascii, formula_lines, output_traits
 from opforge.codegen.ops import op_name
-from opforge.codegen.trace import example_inputs, trace_request
+from opforge.codegen.trace import example_inputs, symbol_map, trace_request
 from opforge.request import Request
 from opforge.verify.tolerance import parse_dtype, tolerance_for
 from opforge.workspace import StageOutcome, Workspace
