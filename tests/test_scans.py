@@ -1,4 +1,4 @@
-"""Scans along any dimension (cumsum, logcumsumexp, their backward scans from a row's end) in the row kernel:
+"""Scans along any dimension (cumsum, logcumsumexp, cumprod, their backward scans from a row's end) in the row kernel:
 forward and backward against float64, with rows that fit one chunk and rows walked in chunks with a carry."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ SCANS = {
     "linear_then_cumsum": ({"x": [["B", "N", "K"], True], "w": [["M", "K"], True]},
                            "return torch.nn.functional.linear(x, w).transpose(1, 2).cumsum(1)",
                            [{"B": 2, "N": 40, "K": 16, "M": 4}]),
+    "cumprod_rows": ({"x": [["N", "M"], True]}, "return torch.cumprod(x, -1)", [{"N": 3, "M": 9}, {"N": 5, "M": 40}]),
+    "cumprod_dim0": ({"x": [["N", "M"], True]}, "return x.cumprod(0) * 2", [{"N": 37, "M": 3}]),
     "weighted_cumsum": ({"x": [["N", "M"], True], "w": [["M"], True]}, "return torch.cumsum(x * w, -1).relu()",
                         [{"N": 6, "M": 70}]),
 }
@@ -75,3 +77,24 @@ def test_a_scan_along_a_dimension_the_walk_cannot_take_is_refused(tmp_path):
                                      "return torch.cumsum(x, 0) * x.amax(1, keepdim=True)", [{"N": 5, "M": 7}]))
     with pytest.raises(Unsupported, match="aten.cumsum.default"):
         plan_request(req)
+
+
+@pytest.mark.parametrize("chunk", [None, 4], ids=["whole_rows", "chunks"])
+def test_cumprod_gradient_is_torchs_where_rows_hold_zeros(tmp_path, monkeypatch, chunk):
+    """Before a row's first zero the product rule divides by the element; at the first zero, and at a second,
+    the gradient is torch's own (it multiplies the other elements instead); the forward scans (zeros counted,
+    products) are finished in one kernel and handed to the one that sums from the row's end."""
+    req, b, _, impl = _build(tmp_path, "cumprod_rows")
+    assert [bool(k.reverse) for k in b.backward.kernels if k.scans] == [False, True]
+    if chunk:
+        monkeypatch.setattr(impl, "MAX_BLOCK_C", chunk)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(6, 11, generator=gen, dtype=torch.float64) + 0.5
+    x[1, 0] = x[2, 4] = x[3, 10] = x[4, 3] = x[4, 7] = x[5, 2] = x[5, 3] = 0.0  # first, middle, last; two zeros
+    g = torch.randn(6, 11, generator=gen, dtype=torch.float64)
+    got_x, ref_x = x.float().requires_grad_(), x.clone().requires_grad_()
+    got, want = impl.cumprod_rows(got_x), torch.cumprod(ref_x, -1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    got_g, = torch.autograd.grad(got, got_x, g.float())
+    want_g, = torch.autograd.grad(want, ref_x, g)
+    torch.testing.assert_close(got_g.double(), want_g, rtol=1e-5, atol=1e-5)

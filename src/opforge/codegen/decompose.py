@@ -122,6 +122,39 @@ def _max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mod
     return (values, indices) if return_indices else values
 
 
+class _CumProd(torch.autograd.Function):
+    """cumprod with its gradient in tensor operations: torch's C++ formula reads the scanned length as an int.
+    The same values as torch's, zeros included: before a row's first zero the product rule's reverse sum over
+    the element; at the first zero the products of the elements around it; after it nothing."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        out = torch.cumprod(x, dim)
+        ctx.save_for_backward(x, out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        d = ctx.dim
+        zeros = torch.cumsum((x == 0).to(x.dtype), d)  # zeros up to and including each element
+        before, first = zeros == 0, (x == 0) & (zeros == 1)
+        # d out_j / d x_k = out_j / x_k for j >= k, where no zero comes first
+        spread = (g * out).flip(d).cumsum(d).flip(d) / torch.where(before, x, 1.0)
+        # at the first zero z: the product before it times sum_{j >= z} g_j * prod_{z < i <= j} x_i
+        head = torch.cumprod(torch.where(before, x, 1.0), d)
+        tail = torch.cumprod(torch.where((zeros > 0) & ~first, x, 1.0), d)
+        at_zero = head * torch.where(zeros > 0, g * tail, 0.0).sum(d, keepdim=True)
+        return torch.where(before, spread, torch.where(first, at_zero, 0.0)), None
+
+
+def _cumprod(input, dim, *, dtype=None, out=None):
+    if out is not None or not input.is_floating_point():
+        return NotImplemented
+    return _CumProd.apply(input if dtype is None else input.to(dtype), dim)
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
@@ -129,7 +162,8 @@ class SizeSafeFunctionals(TorchFunctionMode):
 
     TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa,
              F.instance_norm: _instance_norm, F.group_norm: _group_norm, F.max_pool1d: _max_pool1d,
-             F.max_pool1d_with_indices: functools.partial(_max_pool1d, return_indices=True)}
+             F.max_pool1d_with_indices: functools.partial(_max_pool1d, return_indices=True),
+             torch.cumprod: _cumprod, torch.Tensor.cumprod: _cumprod}
 
     def __init__(self):
         super().__init__()

@@ -527,7 +527,8 @@ def _expect_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
 
 ''')
     kernels = ["\n" + _kernel_source(op, plan) + "\n" for plan in ((fwd, bwd) if bwd else (fwd,))]
-    parts += ["\n" + src for name, src in HELPERS.items() if any(f"{name}(" in k for k in kernels)]
+    # a helper is called, or passed to tl.reduce / tl.associative_scan as the combine function
+    parts += ["\n" + src for name, src in HELPERS.items() if any(re.search(rf"\b{name}\b", k) for k in kernels)]
     parts += kernels
 
     attr_sig = ", ".join(f"{a}: float" for a in runtime_attrs)

@@ -229,7 +229,7 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
         for k, r in enumerate(r for r in reductions if r.axis == kind_):
             r.slot = k
     if len({is_reverse_scan(op_name(n.target)) for n in p.scans}) > 1:
-        raise Unsupported(sorted({op_name(n.target) for n in p.scans}), "scans forward and backward in one pass")
+        _scans_apart(p.scans)
     outs = [p.output_arg(oname, node, output_like.get(oname)) for (oname, _), node in zip(outputs, wanted)]
     attrs = _attr_names(info)
     phases = max([info[r.node].level for r in reductions if r.axis == "row"], default=0)
@@ -237,6 +237,21 @@ def plan_rows(name: str, gm: torch.fx.GraphModule, input_names: list[str], outpu
     return RowPlan(name, gm, p.inputs, outs, wanted, attrs, info, reductions, pysrc(p.R, sym_names),
                    pysrc(p.C, sym_names), sym_names, phases, p.counts, input_names=list(input_names),
                    stores=p.stores, scans=p.scans)
+
+
+def _scans_apart(scans: list) -> None:
+    """A row walked one way cannot also be walked the other: the scans of one direction are finished first,
+    whole rows handed to the next kernel, which runs the others (cumprod's gradient: the zeros counted and the
+    products taken forward, the product rule's sum backward). Those of the direction that reads nothing of the
+    other's go first."""
+    forward = [n for n in scans if not is_reverse_scan(op_name(n.target))]
+    reverse = [n for n in scans if is_reverse_scan(op_name(n.target))]
+    for first, then in ((forward, reverse), (reverse, forward)):
+        if not upstream(first) & set(then):
+            why = [f"scans run forward and backward in one pass: the {'reverse ' * (first is reverse)}scans "
+                   f"first ({n.name})" for n in first]
+            raise NeedsSecondPass([op_name(n.target) for n in first], why, first, ["row"] * len(first))
+    raise Unsupported(sorted({op_name(n.target) for n in scans}), "scans forward and backward, each reading the other")
 
 
 def _is_tensor(n) -> bool:
