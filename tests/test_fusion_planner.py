@@ -102,6 +102,13 @@ UNSEEN = {
                           "    q = x / s\n"
                           "    return (q + (torch.round(q) - q).detach()) * s",
                           [{"N": 5, "M": 7}, {"N": 9, "M": 400}]),
+    # losses whose ATen ops decompose: huber's gradient negates a size in Python (-1/numel); the logits form's
+    # minimum(0, x) takes a constant operand
+    "huber_loss": ({"x": [["N", "M"], True], "y": [["N", "M"], True]}, {},
+                   "return torch.nn.functional.huber_loss(x, y, delta=0.5)", [{"N": 5, "M": 7}]),
+    "bce_with_logits": ({"x": [["N", "M"], True], "y": [["N", "M"], False]}, {},
+                        "return torch.nn.functional.binary_cross_entropy_with_logits(x, torch.sigmoid(y))",
+                        [{"N": 5, "M": 7}]),
     "rowmax_fake_quant": ({"x": [["N", "M"], True]}, {},
                           "s = x.abs().amax(-1, keepdim=True) / 127.0 + 1e-8\n"
                           "    q = x / s\n"

@@ -34,7 +34,10 @@ DECOMPOSITIONS = get_decompositions([
     aten.addcmul, aten.addcdiv, aten.lerp, aten.square, aten.xlogy, aten.logit, aten.log_sigmoid_forward,
     aten.nll_loss_forward, aten.nll_loss_backward, aten._native_batch_norm_legit,
     aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward, aten.native_group_norm,
-    aten.native_group_norm_backward, aten.linalg_vector_norm,
+    aten.native_group_norm_backward, aten.linalg_vector_norm, aten.norm, aten.mse_loss, aten.mse_loss_backward,
+    aten.smooth_l1_loss, aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward,
+    aten.soft_margin_loss, aten.soft_margin_loss_backward, aten.binary_cross_entropy,
+    aten.binary_cross_entropy_backward, aten.binary_cross_entropy_with_logits,
 ])
 
 
@@ -155,6 +158,35 @@ def _cumprod(input, dim, *, dtype=None, out=None):
     return _CumProd.apply(input if dtype is None else input.to(dtype), dim)
 
 
+class _Prod(torch.autograd.Function):
+    """prod along a dimension with its gradient in tensor operations: torch's formula asks which elements are
+    zero (`nonzero`), which no trace with symbolic sizes can follow. The same values: the product over the
+    element where a row has no zero; the product of the others at a row's only zero; nothing elsewhere."""
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim):
+        out = torch.prod(x, dim, keepdim=True)
+        ctx.save_for_backward(x, out)
+        ctx.dim = dim
+        return out if keepdim else out.squeeze(dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        g = g if g.dim() == x.dim() else g.unsqueeze(ctx.dim)
+        zero = x == 0
+        zeros = zero.to(x.dtype).sum(ctx.dim, keepdim=True)
+        others = torch.prod(torch.where(zero, 1.0, x), ctx.dim, keepdim=True)
+        lone_zero = torch.where((zeros == 1) & zero, others, 0.0)
+        return g * torch.where(zeros == 0, out / torch.where(zero, 1.0, x), lone_zero), None, None
+
+
+def _prod(input, dim=None, keepdim=False, *, dtype=None):
+    if dim is None or not input.is_floating_point():
+        return NotImplemented
+    return _Prod.apply(input if dtype is None else input.to(dtype), dim, keepdim)
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
@@ -163,7 +195,7 @@ class SizeSafeFunctionals(TorchFunctionMode):
     TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa,
              F.instance_norm: _instance_norm, F.group_norm: _group_norm, F.max_pool1d: _max_pool1d,
              F.max_pool1d_with_indices: functools.partial(_max_pool1d, return_indices=True),
-             torch.cumprod: _cumprod, torch.Tensor.cumprod: _cumprod}
+             torch.cumprod: _cumprod, torch.Tensor.cumprod: _cumprod, torch.prod: _prod, torch.Tensor.prod: _prod}
 
     def __init__(self):
         super().__init__()
@@ -243,6 +275,15 @@ def _as_strided(input, size, stride, storage_offset=None):
 
 
 DECOMPOSITIONS[aten.as_strided.default] = _as_strided
+
+
+def _select(input, dim, index):
+    """One index along a dimension as a slice of width one, squeezed: the planners take slices."""
+    start = index + input.shape[dim] if index < 0 else index
+    return input.narrow(dim, start, 1).squeeze(dim)
+
+
+DECOMPOSITIONS[aten.select.int] = _select
 
 
 def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
@@ -333,6 +374,15 @@ def rewrite_inplace(gm: torch.fx.GraphModule) -> None:
         if pure is None or later:
             continue
         node.target = pure
+    gm.graph.lint()
+    gm.recompile()
+
+
+def negated_sizes(gm: torch.fx.GraphModule) -> None:
+    """A size negated in Python (huber loss' gradient takes -1/numel) as a product with -1, the size arithmetic
+    the kernels write."""
+    for node in gm.graph.find_nodes(op="call_function", target=operator.neg):
+        node.target, node.args = operator.mul, (node.args[0], -1)
     gm.graph.lint()
     gm.recompile()
 

@@ -377,7 +377,15 @@ def _section(plan: RowPlan, persistent: bool, ind: int, split: str | None = None
                 v = f"{v} * (1.0 / ({r.count}))"
             where = f"tl.where({mask}, {v}, {_IDENTITY[r.kind]})"
             finish = [] if persistent else after
-            if r.kind in ("sum", "mean"):
+            if r.kind == "prod":  # padding columns multiply by one
+                if persistent:
+                    body.add(f"{r.name} = tl.reduce({where}, 1, _mul)[:, None]  # {op_name(r.node.target)}")
+                else:
+                    inits.append(f"{pad}{r.name}_acc = tl.full((BLOCK_R, BLOCK_C), 1.0, tl.float32)")
+                    body.add(f"{r.name}_acc *= {where}")
+                    after.append(f"{pad}{r.name} = tl.reduce({r.name}_acc, 1, _mul)[:, None]  "
+                                 f"# {op_name(r.node.target)}")
+            elif r.kind in ("sum", "mean"):
                 if persistent:
                     body.add(f"{r.name} = tl.sum({where}, axis=1)[:, None]  # {op_name(r.node.target)}")
                 else:

@@ -112,11 +112,13 @@ def _clamp(a, lo=None, hi=None, **_):
 
 
 def _nan_max(a, b, **_):
-    return f"tl.where(({a} != {a}) | ({b} != {b}), {a} + {b}, tl.maximum({a}, {b}))"
+    # a NaN either side is the result, as torch's; one test per side, since either may be a constant (a Python
+    # float, whose comparison is a Python bool)
+    return f"tl.where({a} != {a}, {a}, tl.where({b} != {b}, {b}, tl.maximum({a}, {b})))"
 
 
 def _nan_min(a, b, **_):
-    return f"tl.where(({a} != {a}) | ({b} != {b}), {a} + {b}, tl.minimum({a}, {b}))"
+    return f"tl.where({a} != {a}, {a}, tl.where({b} != {b}, {b}, tl.minimum({a}, {b})))"
 
 
 def _pow(a, e, **_):
@@ -259,6 +261,7 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.ones_like.default": OpRule(CONSTANT, lambda a, **_: "1.0", True, "literal"),
     "aten.full.default": OpRule(CONSTANT, lambda shape, v, **_: f"{v}", True, "literal"),
     "aten.new_zeros.default": OpRule(CONSTANT, lambda a, size, **_: "0.0", True, "literal"),
+    "aten.new_full.default": OpRule(CONSTANT, lambda a, size, v, **_: f"{v}", True, "literal"),
     # views keep the flat element order, so they are free in registers
     "aten.detach.default": OpRule(VIEW, None, True, "(none)"),
     "aten.alias.default": OpRule(VIEW, None, True, "(none)"),
@@ -278,6 +281,7 @@ OP_TABLE: dict[str, OpRule] = {
     "aten.mean.default": OpRule(REDUCTION, None, False, "tl.sum, * (1 / n)"),
     "aten.amax.default": OpRule(REDUCTION, None, True, "tl.max + atomic_max | ordered partials"),
     "aten.amin.default": OpRule(REDUCTION, None, True, "tl.min + atomic_min | ordered partials"),
+    "aten.prod.dim_int": OpRule(REDUCTION, None, False, "tl.reduce(_mul) over columns"),
     "aten.argmax.default": OpRule(REDUCTION, None, True, "tl.max, tl.min over columns (the first, NaN first)"),
     "aten.argmin.default": OpRule(REDUCTION, None, True, "tl.min, tl.min over columns (the first, NaN first)"),
     # last-dimension slices, concatenations and interleaves (row planner): loads at moved columns
@@ -309,12 +313,13 @@ OP_TABLE: dict[str, OpRule] = {
 REDUCE_KIND = {
     "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.mean.dim": "mean",
     "aten.mean.default": "mean", "aten.amax.default": "max", "aten.amin.default": "min",
-    "aten.argmax.default": "argmax", "aten.argmin.default": "argmin",
+    "aten.argmax.default": "argmax", "aten.argmin.default": "argmin", "aten.prod.dim_int": "prod",
 }
 INDEX_KINDS = ("argmax", "argmin")  # reductions to a column index: along rows only
+ROW_ONLY_KINDS = (*INDEX_KINDS, "prod")  # no atomic combines them across programs
 # How partial results of each kind meet, in generated Triton: the identity, the atomic, and two partials combined
 # (a mean is summed, then divided).
-REDUCE_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')"}
+REDUCE_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-float('inf')", "min": "float('inf')", "prod": "1.0"}
 REDUCE_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
 
 

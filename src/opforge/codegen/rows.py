@@ -38,6 +38,7 @@ from opforge.codegen.ops import (
     POINTWISE,
     REDUCE_KIND,
     REDUCTION,
+    ROW_ONLY_KINDS,
     SCAN,
     SHIFT,
     SYMBOLIC,
@@ -667,8 +668,9 @@ class _RowPlanner:
         kind = REDUCE_KIND[key]
         if not dims:  # nothing non-trivial reduced: a view
             return si
-        if kind in INDEX_KINDS and not (red_c and not red_r and si.dr):
-            raise Unsupported([key], f"{node.name}: indices are found along the rows only")
+        if kind in ROW_ONLY_KINDS and not (red_c and not red_r and si.dr):
+            what = "indices are found" if kind in INDEX_KINDS else "products are taken"
+            raise Unsupported([key], f"{node.name}: {what} along the rows only")
         if red_c and not red_r and si.dr:  # an index is exact where its values are
             axis, new = "row", Info(True, False, None, si.level + 1, None, kind in INDEX_KINDS and si.exact)
         elif red_r and not red_c and si.dc:

@@ -27,6 +27,7 @@ from opforge.codegen.decompose import (
     factor_column_sums,
     fold_reshapes,
     interleaved_gradients,
+    negated_sizes,
     pairs_to_strided_slices,
     reverse_scans,
     rewrite_inplace,
@@ -247,6 +248,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
     for gm in (g_a, g_b) if floats else (g_a,):  # the same rewrites on both keep their nodes in step
         rewrite_variance(gm)
         rewrite_inplace(gm)
+        negated_sizes(gm)
         split_to_slices(gm)
         pairs_to_strided_slices(gm)
         drop_full_slices(gm)
