@@ -47,6 +47,7 @@ def test_prod_and_its_gradient_match_torch_with_zeros(tmp_path, monkeypatch, chu
 def test_a_product_over_rows_of_another_walk_is_refused_by_name(tmp_path):
     """Products have no atomic to meet across programs: a product down the columns is named and refused."""
     req = load_request(write_request(tmp_path, "prod_clash", {"x": [["N", "M"], True]}, {},
-                                     "return torch.prod(x, 0, keepdim=True) * x.amax(1, keepdim=True)", [{"N": 5, "M": 7}]))
+                                     "return torch.prod(x, 0, keepdim=True) * x.amax(1, keepdim=True)",
+                                     [{"N": 5, "M": 7}]))
     with pytest.raises(Unsupported, match="aten.prod.dim_int"):
         plan_request(req)
