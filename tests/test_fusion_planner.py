@@ -102,6 +102,13 @@ UNSEEN = {
                           "    q = x / s\n"
                           "    return (q + (torch.round(q) - q).detach()) * s",
                           [{"N": 5, "M": 7}, {"N": 9, "M": 400}]),
+    # slices counted from the row's end, forward and in the gradient (slice_backward)
+    "end_slices": ({"x": [["N", "M"], True]}, {}, "return x[:, -3:] * 2 + x[:, 1:4] - x[:, -5:-2]",
+                   [{"N": 4, "M": 9}, {"N": 3, "M": 70}]),
+    # an exclusive running sum: a zero column concatenated before the row's columns but its last
+    "exclusive_cumsum": ({"x": [["N", "M"], True]}, {},
+                         "return torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1).cumsum(1)",
+                         [{"N": 4, "M": 9}, {"N": 3, "M": 70}]),
     # losses whose ATen ops decompose: huber's gradient negates a size in Python (-1/numel); the logits form's
     # minimum(0, x) takes a constant operand
     "huber_loss": ({"x": [["N", "M"], True], "y": [["N", "M"], True]}, {},

@@ -244,17 +244,28 @@ class _Emitter:
         blk.add(f"{target} = {load_value(f'{m.name}_ptr + {off}', ' & '.join(mask), is_mask(node))}")
         return target
 
+    def _bound(self, b, width: str, default: str) -> str:
+        """A slice bound as a column: a negative one counts from the row's end (x[..., -3:]), a huge one is
+        the end (x[..., 2:])."""
+        if b is None or (isinstance(b, int) and b >= 2 ** 31):
+            return default
+        if isinstance(b, int) and b < 0:
+            return tidy(f"{width} - {-b}")
+        return self.sym(b)
+
     def _shift(self, node, key, col, blk) -> str:
         """`node` at column `col`: its source at the column it came from. Column expressions compose as text;
         tidy keeps `cols + D - (D // 2)` from growing with each slice."""
         at = operand(col)
         if key == "aten.slice.Tensor":  # x[..., start::step]: column start + step * c of x
-            start = self.sym(node.args[2]) if len(node.args) > 2 and node.args[2] is not None else "0"
+            width = self.ext(self.p.info[node.args[0]].ext)
+            start = self._bound(node.args[2] if len(node.args) > 2 else None, width, "0")
             step = node.args[4] if len(node.args) > 4 else 1
             return self.ev(node.args[0], tidy(f"{start} + {_times(step, at)}"), blk)
         if key == "aten.slice_backward.default":  # the gradient scattered back: zero where no column came from
-            start, end, step = self.sym(node.args[3]), node.args[4], (node.args[5] if len(node.args) > 5 else 1)
-            end = self.ext(self.p.info[node].ext) if isinstance(end, int) and end >= 2 ** 31 else self.sym(end)
+            width = self.ext(self.p.info[node].ext)
+            step = node.args[5] if len(node.args) > 5 else 1
+            start, end = self._bound(node.args[3], width, "0"), self._bound(node.args[4], width, width)
             src = tidy(f"{at} - {operand(start)}")
             inner = self.ev(node.args[0], src if step == 1 else tidy(f"({src}) // {step}"), blk)
             hit = f"({at} >= {start}) & ({at} < {end})" + (f" & (({src}) % {step} == 0)" if step != 1 else "")

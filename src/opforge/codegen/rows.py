@@ -598,8 +598,13 @@ class _RowPlanner:
                 raise Unsupported([key], f"{node.name} reshapes a value the kernel walks in another order")
             return src
         if rule.kind == SHIFT:
-            if any(self.info[s].scan for s in node.all_input_nodes if s in self.info):
-                raise Unsupported([key], f"{node.name} moves the columns of a scan")
+            for src in [s for s in node.all_input_nodes if s in self.info and self.info[s].scan]:
+                # a scan's column is known only where the walk is: a later kernel reads it moved, from memory
+                if src not in self.cuts:
+                    self.cuts.append(src)
+                    self.cut_kinds.append("row")
+                    self.cut_why.append(f"{node.name} moves the columns of a scan ({src.name})")
+                self.info[src].scan = False
             return _shift_info(node, key, self.info, self.env, self.combine)
         if rule.kind == REDUCTION:
             return self.reduction(node, key)
@@ -843,7 +848,8 @@ def _shift_info(node, key, info, env, combine) -> Info:
     rank = len(node.meta["val"].shape)
     if key == "aten.cat.default":
         parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
-        if dim % rank != rank - 1 or not all(info[p].dc for p in parts):
+        # a part the same at every column takes one (an exclusive scan's leading zero)
+        if dim % rank != rank - 1 or not all(info[p].dc or same(shape_of(p, env)[-1], 1, env) for p in parts):
             raise Unsupported([key], f"{node.name} concatenates along a dimension other than the last")
         i = combine(node, parts, same_width=False)  # parts differ in width by design
         i.ext = product(shape_of(node, env)[-1:])
