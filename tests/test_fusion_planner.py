@@ -109,6 +109,12 @@ UNSEEN = {
     "exclusive_cumsum": ({"x": [["N", "M"], True]}, {},
                          "return torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1).cumsum(1)",
                          [{"N": 4, "M": 9}, {"N": 3, "M": 70}]),
+    # reductions over a dimension a keepdim reduction left at one: the values themselves, the index zero
+    "unit_reductions": ({"x": [["B", "K"], True]}, {},
+                        "y = x.sum(1, keepdim=True)\n"
+                        "    v, i = torch.max(y, dim=1)\n"
+                        "    return torch.logsumexp(y, 1) + v * torch.argmin(y, 1) + y.mean(1) - i",
+                        [{"B": 5, "K": 16}]),
     # losses whose ATen ops decompose: huber's gradient negates a size in Python (-1/numel); the logits form's
     # minimum(0, x) takes a constant operand
     "huber_loss": ({"x": [["N", "M"], True], "y": [["N", "M"], True]}, {},

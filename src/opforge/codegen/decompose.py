@@ -436,6 +436,50 @@ def split_value_index(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+_UNIT_REDUCTIONS = {aten.amax.default, aten.amin.default, aten.sum.dim_IntList, aten.mean.dim,
+                    aten.argmax.default, aten.argmin.default}
+
+
+def unit_reductions(gm: torch.fx.GraphModule) -> None:
+    """A reduction over dimensions of size one (a max over the dimension a keepdim sum left) is its input,
+    squeezed unless keepdim, and an index over them is zero; an arange over one element is a zero. No kernel is
+    then asked to walk a row of one column."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in (aten.arange.default, aten.arange.start) and list(node.args) in ([1], [0, 1]):
+            with graph.inserting_before(node):
+                new = graph.call_function(aten.full.default, ([1], 0), {"dtype": node.meta["val"].dtype})
+            new.meta["val"] = node.meta["val"]
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            continue
+        if node.target not in _UNIT_REDUCTIONS or len(node.args) < 2 or node.args[1] is None:
+            continue
+        x, dims = node.args[0], node.args[1]
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        val, shape = node.meta["val"], x.meta["val"].shape
+        dims = sorted({d % len(shape) for d in ([dims] if isinstance(dims, int) else dims)}) if shape else []
+        if not dims or any(not isinstance(shape[d], int) or shape[d] != 1 for d in dims) or node.kwargs.get("dtype"):
+            continue
+        index = node.target in (aten.argmax.default, aten.argmin.default)
+        if not index and val.dtype != x.meta["val"].dtype:
+            continue
+        with graph.inserting_before(node):
+            new = x
+            if index:
+                new = graph.call_function(aten.zeros_like.default, (x,), {"dtype": val.dtype})
+                new.meta["val"] = val if keepdim else torch.zeros_like(x.meta["val"], dtype=val.dtype)
+            if not keepdim:
+                new = graph.call_function(aten.squeeze.dims, (new, dims))
+                new.meta["val"] = val
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
 _REVERSED = {aten.cumsum.default: torch.ops.opforge.reverse_cumsum.default,
              aten.logcumsumexp.default: torch.ops.opforge.reverse_logcumsumexp.default}
 

@@ -35,6 +35,7 @@ from opforge.codegen.decompose import (
     sink_row_views,
     split_to_slices,
     split_value_index,
+    unit_reductions,
     views_onto_inputs,
 )
 from opforge.codegen.symbolic import graph_shapes, group_divisions, pysrc, renamed, shape_env_of, shape_exprs
@@ -254,6 +255,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         drop_full_slices(gm)
         reverse_scans(gm)
         split_value_index(gm)
+        unit_reductions(gm)  # after split_value_index: a max over one element is amax and argmax by then
         factor_column_sums(gm)
         fold_reshapes(gm)
         interleaved_gradients(gm)  # after fold_reshapes: the sizes it compares are read off the views
