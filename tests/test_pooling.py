@@ -39,6 +39,11 @@ POOLS = {
     "adaptive_max2d_wider": (X2, f"return {F}.adaptive_max_pool2d(x, (4, 12))", B2),  # more outputs than inputs
     "adaptive_avg1d": (X1, f"return {F}.adaptive_avg_pool1d(x, 5)", B1),
     "global_avg": (X2, f"return {F}.adaptive_avg_pool2d(x, 1)", B2),
+    # at the first probe sizes (N=5, H=11) the pooled height is N: the upstream gradient must not take N's size
+    "conv_pool_logsumexp": ({"x": (["N", "C", "H", "W"], True), "w": (["O", "C", 3, 3], True)},
+                            f"y = {F}.max_pool2d({F}.conv2d(x, w, padding=1), 2)\n"
+                            "    return torch.relu(torch.logsumexp(y, dim=1, keepdim=True))",
+                            [{"N": 2, "C": 3, "H": 8, "W": 7, "O": 4}]),
     "unbatched_max2d": ({"x": (["C", "H", "W"], True)}, f"return {F}.max_pool2d(x, 2)", [{"C": 3, "H": 7, "W": 6}]),
 }
 
