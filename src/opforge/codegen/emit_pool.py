@@ -123,7 +123,7 @@ def _forward_kernel(op: str, st: PoolStage) -> str:
             b("best = tl.full([BLOCK], float(\"-inf\"), tl.float32)")
             b("best_at = tl.full([BLOCK], -1, tl.int64)")
         else:
-            b("acc = tl.zeros([BLOCK], tl.float32)")
+            b("summed = tl.zeros([BLOCK], tl.float32)")
         checks = []
         for k, d in enumerate(dims):
             if st.adaptive:
@@ -150,7 +150,7 @@ def _forward_kernel(op: str, st: PoolStage) -> str:
             b("best = tl.where(take, v, best)")
             b(f"best_at = tl.where(take, {_flat([f'i{d}' for d in dims], sizes)}, best_at)")
         else:
-            b("acc += v")
+            b("summed += v")
         b.level -= st.rank
         if st.kind == "max":
             if st.out:
@@ -159,7 +159,7 @@ def _forward_kernel(op: str, st: PoolStage) -> str:
                 b("tl.store(indices_ptr + o, best_at, mask=live)")
         else:
             count = _divisor_lines(b, st, dims, start)
-            value = f"acc / {count}" if count.isdigit() else f"acc / ({count}).to(tl.float32)"
+            value = f"summed / {count}" if count.isdigit() else f"summed / ({count}).to(tl.float32)"
             b(f"tl.store(out_ptr + o, _to_dtype({value}, out_ptr.dtype.element_ty), mask=live)")
     return b.text()
 
@@ -191,7 +191,7 @@ def _backward_kernel(op: str, st: PoolStage) -> str:
         if maxed:
             b("at_plane = indices_ptr + plane // C * si_n + plane % C * si_c")
             b(f"here = {_flat([f'i{d}' for d in dims], sizes)}")
-        b("acc = tl.zeros([BLOCK], tl.float32)")
+        b("summed = tl.zeros([BLOCK], tl.float32)")
         checks = []
         for k, d in enumerate(dims):
             if st.adaptive:
@@ -219,16 +219,16 @@ def _backward_kernel(op: str, st: PoolStage) -> str:
             b(f"covers = covers & (tl.load(at_plane + {i_off}, mask=covers, other=-1) == here)")
         b(f"g = _to_f32(tl.load(g_plane + {g_off}, mask=covers, other=0.0))")
         if maxed:
-            b("acc += g")
+            b("summed += g")
         else:
             count = _divisor_lines(b, st, dims, lambda d: _affine(f"o{d}", st.stride[dims.index(d)],
                                                                   -st.padding[dims.index(d)]))
             if count.isdigit():
-                b(f"acc += g / {count}")
+                b(f"summed += g / {count}")
             else:  # a window that does not hold the element may have no elements at all
-                b(f"acc += tl.where(covers, g / ({count}).to(tl.float32), 0.0)")
+                b(f"summed += tl.where(covers, g / ({count}).to(tl.float32), 0.0)")
         b.level -= st.rank
-        b("tl.store(out_ptr + i, _to_dtype(acc, out_ptr.dtype.element_ty), mask=live)")
+        b("tl.store(out_ptr + i, _to_dtype(summed, out_ptr.dtype.element_ty), mask=live)")
     return b.text()
 
 
@@ -253,6 +253,9 @@ def emit_pool_launcher(op: str, st: PoolStage, fn_name: str, tensor_args: list[s
         if not st.backward:  # the sizes are read off the declared dimensions
             b(f"if {st.x}.dim() != {ndim}:")
             b(f'    raise ValueError(f"{st.x}: expected {ndim} dimensions for this operator, got shape '
+              f'{{tuple({st.x}.shape)}}")')
+            b(f"if 0 in {st.x}.shape[-{st.rank + 1}:]:  # as torch: only the batch may be empty")
+            b(f'    raise ValueError(f"{st.x}: pooling needs channels and a non-empty window space, got shape '
               f'{{tuple({st.x}.shape)}}")')
 
         def batched(t: str) -> str:

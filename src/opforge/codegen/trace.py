@@ -293,13 +293,17 @@ def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.Grap
     return used
 
 
+def _probe_bindings(req: Request) -> list[dict]:
+    return [{sym: sizes[i % len(sizes)] for i, sym in enumerate(req.symbols)}
+            for sizes in (_EXAMPLE_SIZES, _LARGER_SIZES)]
+
+
 def _candidate_bindings(req: Request):
     """Small distinct sizes first, then larger ones (a size the reference derives, such as a pooled width, can
     meet another input's size by chance, and make_fx would tie the two); then the p0 shapes whose sizes are
     distinct, for references whose sizes are related (a group size that must divide a row). Distinct sizes keep
     make_fx from merging two symbols."""
-    yield example_binding(req)
-    yield {sym: _LARGER_SIZES[i % len(_LARGER_SIZES)] for i, sym in enumerate(req.symbols)}
+    yield from _probe_bindings(req)
     for b in sorted(req.p0, key=lambda b: sum(b.values())):
         if len(set(b.values())) == len(b) and all(v > 1 for v in b.values()):
             yield dict(b)
@@ -324,22 +328,48 @@ def trace_request(req: Request) -> TracedOp:
     raise relation or first_error
 
 
+def _joint_solvable(req: Request, traced: TracedOp) -> None:
+    """The joint graph's input sizes are expressions of its symbols (a convolution's backward writes x's height
+    as the kernel's plus the gradient's, less one); they must still take the sizes of other shapes the request
+    allows. A gradient's size that met an input's at the probe sizes (a convolution's output width equal to
+    the input's height) ties two of them, and the sizes of another binding then have no solution."""
+    gm = traced.joint
+    probes = _probe_bindings(req)
+    if gm is None or traced.example_binding not in probes:  # at the request's own shapes: related sizes
+        return
+    other = probes[1 - probes.index(traced.example_binding)]
+    equations = []
+    for spec, node in zip(req.inputs, [n for n in gm.graph.nodes if n.op == "placeholder"]):
+        for size, e in zip(req.input_shape(spec, other), shape_exprs(node.meta["val"])):
+            if not isinstance(e, int):
+                equations.append(sympy.Eq(e, size))
+    unknowns = sorted(set().union(*(eq.free_symbols for eq in equations)), key=str)
+    try:
+        solvable = bool(sympy.solve(equations, unknowns, dict=True)) if unknowns else True
+    except (NotImplementedError, TypeError, ValueError):  # floor divisions and the like: nothing to tell
+        return
+    if not solvable:
+        raise TraceError(f"{req.reference_file}:{req.reference_func}",
+                         "the backward's sizes are tied together at the probe sizes")
+
+
 def _gradient_sizes_met(req: Request, traced: TracedOp) -> None:
     """An upstream gradient whose size met an input's by chance at the probe sizes (a pooled depth of 5 beside
     N = 5) was given that input's symbol by make_fx: the backward would then read N where it means the pooled
     depth. Refused, so that the trace is taken again at other sizes."""
     gm = traced.joint
-    if gm is None:
+    if gm is None or traced.example_binding not in _probe_bindings(req):  # the request's shapes: related sizes
         return
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = {e for n in placeholders[:len(req.inputs)] for e in shape_exprs(n.meta["val"])
               if isinstance(e, sympy.Symbol)}
     results = list(gm.graph.find_nodes(op="output")[0].args[0])
+    names = symbol_map(gm, req, products=True)  # 'G*4' is 4*G: a size the shapes tie is no chance meeting
     for grad, result in zip(placeholders[len(req.inputs):], results):
         if not hasattr(result, "meta") or not isinstance(result.meta.get("val"), torch.Tensor):
             continue
         for g, o in zip(shape_exprs(grad.meta["val"]), shape_exprs(result.meta["val"])):
-            if g in inputs and sympy.simplify(g - o) != 0:
+            if g in inputs and sympy.simplify(renamed(g, names) - renamed(o, names)) != 0:
                 raise TraceError(f"{req.reference_file}:{req.reference_func}",
                                  f"the gradient of an output of size {o} was traced with the size of an input ({g})")
 
@@ -374,6 +404,7 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
                                      f"the reference needs {pysrc(lhs, {})} == {pysrc(rhs, {})}, a relation "
                                      f"between sizes that the request's shapes do not state (it fails at {at}); "
                                      "state it in the shapes, as a product such as 'G*64' for G groups of 64")
+    _joint_solvable(req, traced)
 
 
 def symbol_map(gm, req: Request, products: bool = False) -> dict:
