@@ -17,6 +17,7 @@ INDEX_OPS = {
     "argmin_dim0": ("return torch.argmin(x, dim=0, keepdim=True)", [{"N": 37, "M": 5}]),
     "max_dim": ("v, i = torch.max(x, dim=-1)\n    return v * 2, i", [{"N": 4, "M": 70}]),
     "min_dim": ("v, i = torch.min(x, dim=1, keepdim=True)\n    return torch.exp(v), i", [{"N": 4, "M": 70}]),
+    "max_dim0": ("v, i = torch.max(x, dim=0)\n    return v * 2, i", [{"N": 37, "M": 5}]),
 }
 
 
@@ -83,3 +84,21 @@ def test_an_index_over_everything_is_refused_by_name(tmp_path):
                                      "return torch.argmax(x)", [{"N": 4, "M": 9}]))
     with pytest.raises(Unsupported, match="aten.argmax.default"):
         plan_request(req)
+
+
+@pytest.mark.parametrize("chunk", [None, 4], ids=["whole_rows", "chunks"])
+def test_max_along_a_leading_dimension_sends_the_gradient_to_torchs_index(tmp_path, monkeypatch, chunk):
+    """torch.max(x, dim=0): the gradient goes to the element torch's index names, the first of tied maxima and
+    the first NaN, found by a running count down the dimension rather than a scatter by the index."""
+    req, _, impl = _build(tmp_path, "max_dim0")
+    if chunk:
+        monkeypatch.setattr(impl, "MAX_BLOCK_C", chunk)
+    x = torch.randint(-2, 3, (9, 6), generator=torch.Generator().manual_seed(8)).double()  # ties everywhere
+    x[2, 1] = x[5, 1] = x[3, 4] = float("nan")
+    g = torch.randn(6, generator=torch.Generator().manual_seed(9)).double()  # float32 values: 2·g is exact
+    got_x, ref_x = x.float().requires_grad_(), x.clone().requires_grad_()
+    (got, got_i), (want, want_i) = impl.max_dim0(got_x), req.load_reference()(ref_x)
+    assert torch.equal(got_i, want_i)
+    got_g, = torch.autograd.grad(got, got_x, g.float())
+    want_g, = torch.autograd.grad(want, ref_x, g)
+    assert torch.equal(got_g.double(), want_g)

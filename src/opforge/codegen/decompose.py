@@ -187,6 +187,37 @@ def _prod(input, dim=None, keepdim=False, *, dtype=None):
     return _Prod.apply(input if dtype is None else input.to(dtype), dim, keepdim)
 
 
+class _BestAlong(torch.autograd.Function):
+    """max or min along a dimension other than the last, values and indices, with the gradient sent to the first
+    element holding each value (a NaN: the first NaN), as torch's index does. torch scatters the gradient by the
+    index along that dimension, a column index the kernels have only along the last; the first holder is found
+    by a running count along the dimension instead."""
+
+    @staticmethod
+    def forward(ctx, x, dim, keepdim, best):
+        values, indices = best(x, dim, keepdim=True)
+        ctx.save_for_backward(x, values)
+        ctx.mark_non_differentiable(indices)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+    @staticmethod
+    def backward(ctx, g, _):
+        x, values = ctx.saved_tensors
+        g = g if ctx.keepdim else g.unsqueeze(ctx.dim)
+        holds = (x == values) | ((x != x) & (values != values))
+        first = holds & (torch.cumsum(holds.to(x.dtype), ctx.dim) == 1)
+        return torch.where(first, g, 0.0), None, None, None
+
+
+def _best_along(best, result):
+    def along(input, dim=None, keepdim=False):
+        if not isinstance(dim, int) or not input.is_floating_point() or dim % input.dim() == input.dim() - 1:
+            return NotImplemented  # a whole-tensor or elementwise max, or the last dimension (a select by column)
+        return result(_BestAlong.apply(input, dim, keepdim, best))
+    return along
+
+
 class SizeSafeFunctionals(TorchFunctionMode):
     """While tracing, functionals whose C++ composite reads sizes as ints in some torch versions, or that reach
     a backend's opaque kernel, are replaced by the same formula in tensor operations, so that every supported
@@ -195,7 +226,11 @@ class SizeSafeFunctionals(TorchFunctionMode):
     TABLE = {F.cross_entropy: _cross_entropy, F.scaled_dot_product_attention: _sdpa,
              F.instance_norm: _instance_norm, F.group_norm: _group_norm, F.max_pool1d: _max_pool1d,
              F.max_pool1d_with_indices: functools.partial(_max_pool1d, return_indices=True),
-             torch.cumprod: _cumprod, torch.Tensor.cumprod: _cumprod, torch.prod: _prod, torch.Tensor.prod: _prod}
+             torch.cumprod: _cumprod, torch.Tensor.cumprod: _cumprod, torch.prod: _prod, torch.Tensor.prod: _prod,
+             torch.max: _best_along(torch.max, torch.return_types.max),
+             torch.Tensor.max: _best_along(torch.max, torch.return_types.max),
+             torch.min: _best_along(torch.min, torch.return_types.min),
+             torch.Tensor.min: _best_along(torch.min, torch.return_types.min)}
 
     def __init__(self):
         super().__init__()
