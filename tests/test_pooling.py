@@ -62,14 +62,16 @@ def test_pooling_builds_and_matches_float64(tmp_path, name):
     check_against_float64(req, getattr(impl, name), bindings, seed=11)
 
 
-def test_max_pool_kernels_one_per_pass_step_and_no_bounds_checks_without_padding(tmp_path):
-    """max_pool2d(relu(x), 2) * 2: the pooling is one kernel between two glue kernels; the backward computes
-    the indices again and gathers. Windows that never leave the input need no bounds checks."""
+def test_max_pool_saves_its_indices_and_needs_no_bounds_checks_without_padding(tmp_path):
+    """max_pool2d(relu(x), 2) * 2: the pooling is one kernel between two glue kernels, and it writes the
+    indices, which the backward's one pooling kernel gathers by without reading the input again. Windows that
+    never leave the input need no bounds checks."""
     inputs, body, bindings = POOLS["relu_max2d_scaled"]
     _, build, _, src = _build(tmp_path, "relu_max2d_scaled", inputs, body, bindings)
-    subs = {}
-    assert device_events(build.forward, subs)["kernels"] == 3
-    assert len(build.forward.pools) == 1 and len(build.backward.pools) == 2
+    assert device_events(build.forward, {})["kernels"] == 3
+    assert len(build.saved.names) == 1 and build.saved.names[0].endswith("_indices")
+    (fwd,), (bwd,) = build.forward.pools, build.backward.pools
+    assert fwd.indices in build.forward.results and bwd.backward and bwd.indices == build.saved.names[0]
     fwd = src[src.index("def _relu_max2d_scaled_forward_1_kernel"):]
     fwd = fwd[:fwd.index("@triton.jit")]
     assert "tl.static_range(2)" in fwd and ">= 0" not in fwd and "< H" not in fwd

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
+import torch
 
 from opforge.codegen.attention import regions_of
 from opforge.codegen.emit import MAX_BLOCK_C, emit_module
@@ -16,6 +17,7 @@ from opforge.codegen.saved import (
     SavedStats,
     add_outputs,
     forward_attentions,
+    forward_pool_indices,
     forward_products,
     forward_scans,
     forward_stats,
@@ -203,10 +205,11 @@ def _save_products(req: Request, build: Build) -> None:
                                                     len(t.output_names))
                 if f.name not in inside]
     attentions = forward_attentions(t.forward, regions, t.backward_graph, len(t.input_names), len(t.output_names))
-    pairs = products + [(b, f) for b, f, _ in attentions]
+    pools = forward_pool_indices(t.forward, t.backward_graph, len(t.input_names), len(t.output_names))
+    pairs = products + [(b, f) for b, f, _ in attentions] + pools
     if not pairs:
         return
-    names = [f"saved_{f.name}" for _, f in pairs]
+    names = [f"saved_{f.name}" if isinstance(f, torch.fx.Node) else f"saved_{f[0].name}_indices" for _, f in pairs]
     fwd2, bwd2 = _plan_saving(req, t, pairs, names)
     if fwd2 is None:
         return
@@ -225,6 +228,8 @@ def _save_products(req: Request, build: Build) -> None:
             flops += 2 * numel(a if f.args[6] else f) * shape_numel(shape_exprs(b.meta["val"])[1:], subs)
         else:
             flops += 2 * numel(f) * shape_numel(shape_exprs(a.meta["val"])[-1:], subs)
+    for _, (f, _) in pools:  # the pooled input read again
+        moved += numel(f.args[0]) * (eb if f.args[0].op == "placeholder" else 4)
     build.saved = SavedStats(names, moved, (0, 0), "products", flops)
     build.forward, build.backward = fwd2, bwd2
 

@@ -13,12 +13,16 @@ operands again, writes the product anyway, and redoes its 2·M·N·K flops. So a
 computes and attentions whose output the backward reads (an output projection's weight gradient): their
 output is in memory anyway, and the backward would run the attention's forward kernel again.
 
+So are a max pooling's indices: the forward's kernel finds them anyway, and recomputing them in the backward
+would read the input again (eager's pooling writes them too).
+
 So are scans the backward reads (logcumsumexp's output, in its gradient): the backward scans backwards over a
 value computed from the forward scan, and a row longer than one chunk cannot be walked both ways at once.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +30,7 @@ import torch
 from opforge.codegen.attention_grad import ATTENTION_OP
 from opforge.codegen.gemm import PRODUCTS, SAVED_LIBRARY
 from opforge.codegen.ops import OP_TABLE, SCAN, op_name, upstream
+from opforge.codegen.pooling import POOLS
 from opforge.codegen.rows import RowPlan, cut_at
 
 
@@ -130,6 +135,19 @@ def forward_attentions(fwd_gm, regions: list, joint_gm, n_inputs: int, n_outputs
     return out
 
 
+def forward_pool_indices(fwd_gm, joint_gm, n_inputs: int, n_outputs: int) -> list[tuple]:
+    """(backward node, (forward node, 1)) for each max pooling whose indices the backward computes again to
+    route its gradient: the forward's pooling writes them instead (as eager's does), so the backward gathers
+    from the gradient and the indices without reading the input."""
+    pools = {k for k, (kind, _, backward, _) in POOLS.items() if kind == "max" and not backward}
+    out = []
+    for b, f in _recomputed(fwd_gm, joint_gm, n_inputs, n_outputs, pools):
+        index = next((u for u in b.users if u.target is operator.getitem and u.args[1] == 1), None)
+        if index is not None:
+            out.append((index, (f, 1)))
+    return out
+
+
 def _backward_reach(joint_gm, n_inputs: int, n_outputs: int) -> tuple[set, set]:
     """What the joint's gradient outputs (those after the forward's `n_outputs`) depend on, and the upstream
     gradients among its inputs: a node needed and independent of them is the forward computed again."""
@@ -138,12 +156,25 @@ def _backward_reach(joint_gm, n_inputs: int, n_outputs: int) -> tuple[set, set]:
 
 
 def add_outputs(gm: torch.fx.GraphModule, nodes: list) -> torch.fx.GraphModule:
-    """The same graph returning `nodes` after its own outputs."""
+    """The same graph returning `nodes` after its own outputs; a (node, k) is the k-th value of a node that
+    returns several (a max pooling's indices, which the forward may not have read)."""
     g = torch.fx.Graph()
     env: dict = {}
     out = g.graph_copy(gm.graph, env)
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    g.output((*outs, *(env[n] for n in nodes)))
+    extra = []
+    for n in nodes:
+        if isinstance(n, tuple):
+            src, k = n
+            item = next((u for u in env[src].users if u.target is operator.getitem and u.args[1] == k), None)
+            if item is None:
+                item = g.call_function(operator.getitem, (env[src], k))
+                item.meta["val"] = src.meta["val"][k]
+            n = item
+        else:
+            n = env[n]
+        extra.append(n)
+    g.output((*outs, *extra))
     return torch.fx.GraphModule(gm, g)
 
 

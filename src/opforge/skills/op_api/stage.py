@@ -93,12 +93,13 @@ def _staged_bytes(plan, gm, req, binding, eb: int) -> int:
     handed between stages as float32, the pass's inputs and outputs in their own dtypes."""
     subs = graph_binding(gm, req, binding)
     views = {s.target: s for s in plan.steps if isinstance(s, HostView)}
+    indices = {st.indices for st in plan.pools if st.indices}  # max pooling's positions: int64
     total = 0
     for name, _ in plan.moves():
         base = name
         while base in views:  # a view moves the bytes of what it views
             base = views[base].args[0]
-        size = (_input_bytes(req, base, eb) if base in plan.input_names
+        size = (8 if base in indices else _input_bytes(req, base, eb) if base in plan.input_names
                 else eb if name in plan.results or name in plan.in_dtype else 4)
         total += shape_numel(plan.shapes[name], subs) * size
     return total
