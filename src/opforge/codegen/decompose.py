@@ -181,8 +181,8 @@ class _Prod(torch.autograd.Function):
         return g * torch.where(zeros == 0, out / torch.where(zero, 1.0, x), lone_zero), None, None
 
 
-def _prod(input, dim=None, keepdim=False, *, dtype=None):
-    if dim is None or not input.is_floating_point():
+def _prod(input, dim=None, keepdim=False, *, dtype=None, **rest):
+    if rest or not isinstance(dim, int) or not input.is_floating_point():
         return NotImplemented
     return _Prod.apply(input if dtype is None else input.to(dtype), dim, keepdim)
 
@@ -211,8 +211,8 @@ class _BestAlong(torch.autograd.Function):
 
 
 def _best_along(best, result):
-    def along(input, dim=None, keepdim=False):
-        if not isinstance(dim, int) or not input.is_floating_point() or dim % input.dim() == input.dim() - 1:
+    def along(input, dim=None, keepdim=False, **rest):
+        if rest or not isinstance(dim, int) or not input.is_floating_point() or dim % input.dim() == input.dim() - 1:
             return NotImplemented  # a whole-tensor or elementwise max, or the last dimension (a select by column)
         return result(_BestAlong.apply(input, dim, keepdim, best))
     return along
