@@ -312,14 +312,6 @@ def _as_strided(input, size, stride, storage_offset=None):
 DECOMPOSITIONS[aten.as_strided.default] = _as_strided
 
 
-def _select(input, dim, index):
-    """One index along a dimension as a slice of width one, squeezed: the planners take slices."""
-    start = index + input.shape[dim] if index < 0 else index
-    return input.narrow(dim, start, 1).squeeze(dim)
-
-
-DECOMPOSITIONS[aten.select.int] = _select
-
 
 def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     """LayerNorm's input gradient as rstd · (g - mean(g) - x̂ · mean(g · x̂)), g = grad · weight.
