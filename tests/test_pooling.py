@@ -130,3 +130,14 @@ def test_pooling_refuses_a_tensor_of_another_rank(tmp_path):
     _, _, impl, _ = _build(tmp_path, "max2d", inputs, body, bindings)
     with pytest.raises(ValueError, match=r"x: expected 4 dimensions for this operator, got shape \(3, 9, 10\)"):
         impl.max2d(torch.randn(3, 9, 10))
+
+
+def test_catalog_max_pool_passes_opcheck_and_compiles_without_graph_breaks(tmp_path):
+    """The saved indices are declared int64 in the forward's fake, as the kernel writes them: opcheck compares
+    the fake with the real outputs, and torch.compile(fullgraph=True) traces through the fakes."""
+    req = load_request(Path(__file__).resolve().parents[1] / "examples" / "max_pool2d")
+    impl = load_impl(tmp_path / "max_pool2d_opcheck_impl.py", generate_impl(req, plan_request(req)))
+    x = torch.randn(2, 3, 9, 10, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    torch.library.opcheck(impl._max_pool2d_op, (x, False))
+    got = torch.compile(impl.max_pool2d, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(got, torch.nn.functional.max_pool2d(x, 3, 2, 1), rtol=0, atol=0)

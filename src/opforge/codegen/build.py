@@ -30,7 +30,7 @@ from opforge.codegen.symbolic import (
     shape_exprs,
     shape_of,
 )
-from opforge.codegen.trace import TracedOp, symbol_map, trace_request
+from opforge.codegen.trace import INDEX, TracedOp, symbol_map, trace_request
 from opforge.request import INDEX_DTYPES, Request
 
 
@@ -151,8 +151,11 @@ def _plan_forward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[s
     """The forward pass of `gm`: the op's outputs, then any statistics it saves for the backward."""
     names = t.output_names + list(saved)
     like = {o: t.kernel_names.get(i, i) for o, i in t.output_like.items()}
-    return plan_pass(req, "forward", gm, t.kernel_inputs, [(n, i) for i, n in enumerate(names)],
-                     {**like, **dict.fromkeys(saved)})
+    # a saved value is float32, or int64 where the graph's is (a max pooling's indices)
+    results = list(gm.graph.find_nodes(op="output")[0].args[0])[len(t.output_names):]
+    kept = {n: INDEX if getattr(getattr(r, "meta", {}).get("val"), "dtype", None) == torch.int64 else None
+            for n, r in zip(saved, results)}
+    return plan_pass(req, "forward", gm, t.kernel_inputs, [(n, i) for i, n in enumerate(names)], {**like, **kept})
 
 
 def _plan_backward(req: Request, t: TracedOp, gm, saved: tuple[str, ...] | list[str] = ()):
