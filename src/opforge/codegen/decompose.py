@@ -176,9 +176,9 @@ class _Prod(torch.autograd.Function):
         g = g if g.dim() == x.dim() else g.unsqueeze(ctx.dim)
         zero = x == 0
         zeros = zero.to(x.dtype).sum(ctx.dim, keepdim=True)
-        others = torch.prod(torch.where(zero, 1.0, x), ctx.dim, keepdim=True)
-        lone_zero = torch.where((zeros == 1) & zero, others, 0.0)
-        return g * torch.where(zeros == 0, out / torch.where(zero, 1.0, x), lone_zero), None, None
+        nonzero = torch.where(zero, 1.0, x)
+        lone_zero = torch.where((zeros == 1) & zero, torch.prod(nonzero, ctx.dim, keepdim=True), 0.0)
+        return g * torch.where(zeros == 0, out / nonzero, lone_zero), None, None
 
 
 def _prod(input, dim=None, keepdim=False, *, dtype=None, **rest):
@@ -310,7 +310,6 @@ def _as_strided(input, size, stride, storage_offset=None):
 
 
 DECOMPOSITIONS[aten.as_strided.default] = _as_strided
-
 
 
 def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):

@@ -14,6 +14,8 @@ lane writes only its own element: no atomics, the same bits each run.
 
 from __future__ import annotations
 
+import math
+
 from opforge.codegen.emit_rows import launcher_signature
 from opforge.codegen.pooling import PoolStage
 from opforge.codegen.pretty import WIDTH, CodeBuffer, hanging_call
@@ -61,7 +63,13 @@ def _flat(coords: list[str], sizes: list[str]) -> str:
     return src
 
 
-def _divisor_lines(b: CodeBuffer, st: PoolStage, dims: str, start) -> str:
+def _start(st: PoolStage, d: str) -> str:
+    """Where the window of output coordinate o{d} starts along dimension d, padding included."""
+    k = _DIMS[st.rank].index(d)
+    return _affine(f"o{d}", st.stride[k], -st.padding[k])
+
+
+def _divisor_lines(b: CodeBuffer, st: PoolStage, dims: str) -> str:
     """Lines computing an average's divisor for the windows at output coordinates o{l}; its source."""
     if st.divisor is not None:
         return str(st.divisor)
@@ -71,12 +79,9 @@ def _divisor_lines(b: CodeBuffer, st: PoolStage, dims: str, start) -> str:
               f"o{dim} * {dim.upper()} // O{dim.upper()}")
         return " * ".join(f"c{dim}" for dim in dims)
     if not st.ceil_mode and not any(st.padding):  # every window lies inside the input
-        size = 1
-        for k in st.kernel:
-            size *= k
-        return str(size)
+        return str(math.prod(st.kernel))
     for dim, k, p in zip(dims, st.kernel, st.padding):
-        s0 = start(dim)
+        s0 = _start(st, dim)
         if st.count_include_pad:  # the window clipped to the padded input
             b(f"c{dim} = tl.minimum({_affine(s0, 1, k)}, {_affine(dim.upper(), 1, p)}) - ({s0})")
         else:  # to the input
@@ -110,11 +115,6 @@ def _forward_kernel(op: str, st: PoolStage) -> str:
         b("live = o < total")
         _split_index(b, "o", [f"o{d}" for d in dims], outs)
         b("x_plane = x_ptr + plane // C * sx_n + plane % C * sx_c")
-
-        def start(d):
-            k = dims.index(d)
-            return _affine(f"o{d}", st.stride[k], -st.padding[k])
-
         if st.adaptive:
             for d in dims:
                 b(f"{d}0 = o{d} * {d.upper()} // O{d.upper()}")
@@ -134,7 +134,7 @@ def _forward_kernel(op: str, st: PoolStage) -> str:
                 continue
             b(f"for k{d} in tl.static_range({st.kernel[k]}):")
             b.level += 1
-            b(f"i{d} = {start(d)} + {_affine(f'k{d}', st.dilation[k], 0)}")
+            b(f"i{d} = {_start(st, d)} + {_affine(f'k{d}', st.dilation[k], 0)}")
             if st.padding[k]:
                 checks.append(f"(i{d} >= 0)")
             if st.padding[k] or st.ceil_mode:
@@ -158,7 +158,7 @@ def _forward_kernel(op: str, st: PoolStage) -> str:
             if st.indices:
                 b("tl.store(indices_ptr + o, best_at, mask=live)")
         else:
-            count = _divisor_lines(b, st, dims, start)
+            count = _divisor_lines(b, st, dims)
             value = f"summed / {count}" if count.isdigit() else f"summed / ({count}).to(tl.float32)"
             b(f"tl.store(out_ptr + o, _to_dtype({value}, out_ptr.dtype.element_ty), mask=live)")
     return b.text()
@@ -221,8 +221,7 @@ def _backward_kernel(op: str, st: PoolStage) -> str:
         if maxed:
             b("summed += g")
         else:
-            count = _divisor_lines(b, st, dims, lambda d: _affine(f"o{d}", st.stride[dims.index(d)],
-                                                                  -st.padding[dims.index(d)]))
+            count = _divisor_lines(b, st, dims)
             if count.isdigit():
                 b(f"summed += g / {count}")
             else:  # a window that does not hold the element may have no elements at all

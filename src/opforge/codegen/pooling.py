@@ -10,10 +10,9 @@ no atomics. The glue around a pooling (a ReLU before it, a scale after it) is pl
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
-
-import torch
 
 from opforge.codegen.ops import op_name
 from opforge.codegen.plan import Unsupported
@@ -87,15 +86,9 @@ class PoolStage:
     def window(self, numel) -> int:
         """Elements a window holds (the widest an adaptive one may hold)."""
         if not self.adaptive:
-            size = 1
-            for k in self.kernel:
-                size *= k
-            return size
-        size = 1
-        for i, o in zip(self.in_shape[-self.rank:], self.out_shape[-self.rank:]):
-            i, o = numel([i]), max(numel([o]), 1)
-            size *= -(-i // o) + 1
-        return size
+            return math.prod(self.kernel)
+        return math.prod(-(-numel([i]) // max(numel([o]), 1)) + 1
+                         for i, o in zip(self.in_shape[-self.rank:], self.out_shape[-self.rank:]))
 
     def flops(self, numel) -> int:
         """One compare or add per element of each output's window (each input's covering windows, backward)."""
@@ -132,10 +125,7 @@ def pool_stage(name: str, p, names: dict, result_like: dict, needed: set) -> Poo
                  grad=names[grad] if grad is not None else None, in_shape=tuple(x.meta["val"].shape))
     if backward:
         stage.update(out=names[p], like=result_like.get(p), out_shape=tuple(grad.meta["val"].shape))
-        if kind == "max":
-            stage["indices"] = names[p.args[-1]]
-        else:
-            stage["indices"] = None
+        stage["indices"] = names[p.args[-1]] if kind == "max" else None
     else:
         value = getitems.get(0) if kind == "max" else p
         stage.update(out=names[value] if value is not None else None,
@@ -161,12 +151,6 @@ def pool_stage(name: str, p, names: dict, result_like: dict, needed: set) -> Poo
         if stage["divisor"] is not None and not isinstance(stage["divisor"], int):
             raise Unsupported([op], "a divisor computed at run time")
     return PoolStage(**stage, kernel=kernel, stride=stride, padding=padding)
-
-
-def pool_value(n) -> bool:
-    """Whether `n` reads a pooling op's tuple (its values or indices), which the pool stage writes."""
-    return n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) \
-        and op_name(n.args[0].target) in POOLS
 
 
 def pool_text(st: PoolStage) -> str:

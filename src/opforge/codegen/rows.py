@@ -600,10 +600,7 @@ class _RowPlanner:
         if rule.kind == SHIFT:
             for src in [s for s in node.all_input_nodes if s in self.info and self.info[s].scan]:
                 # a scan's column is known only where the walk is: a later kernel reads it moved, from memory
-                if src not in self.cuts:
-                    self.cuts.append(src)
-                    self.cut_kinds.append("row")
-                    self.cut_why.append(f"{node.name} moves the columns of a scan ({src.name})")
+                self.cut(src, "row", f"{node.name} moves the columns of a scan")
                 self.info[src].scan = False
             return _shift_info(node, key, self.info, self.env, self.combine)
         if rule.kind == REDUCTION:
@@ -742,13 +739,17 @@ class _RowPlanner:
     def hand_over(self, src, user, why: str) -> None:
         info = self.info
         root = self.unviewed(src)
-        if root not in self.cuts:
-            self.cuts.append(root)
-            self.cut_kinds.append(info[root].post)
-            self.cut_why.append(f"{why} ({root.name})")
+        self.cut(root, info[root].post, why)
         info[src].post = None  # shared by the views of root: from here on it reads like an input
         info[root].post = None
         info[src].level = info[root].level = 0
+
+    def cut(self, node, kind: str, why: str) -> None:
+        """Hand `node` to a later kernel, finished (`kind`: what it depends on, and the shape it is handed in)."""
+        if node not in self.cuts:
+            self.cuts.append(node)
+            self.cut_kinds.append(kind)
+            self.cut_why.append(f"{why} ({node.name})")
 
     def unviewed(self, n):
         """A finished value before the views that broadcast it: what a later kernel should be handed."""

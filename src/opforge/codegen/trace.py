@@ -141,8 +141,12 @@ class TracedOp:
         return [self.kernel_names[n] for n in self.grad_inputs]
 
 
+def _binding(req: Request, sizes: tuple) -> dict[str, int]:
+    return {sym: sizes[i % len(sizes)] for i, sym in enumerate(req.symbols)}
+
+
 def example_binding(req: Request) -> dict[str, int]:
-    return {sym: _EXAMPLE_SIZES[i % len(_EXAMPLE_SIZES)] for i, sym in enumerate(req.symbols)}
+    return _binding(req, _EXAMPLE_SIZES)
 
 
 def example_inputs(req: Request, binding: dict[str, int], dtype=torch.float32, device="cpu", seed=0):
@@ -294,8 +298,7 @@ def _bind_attributes(req: Request, g_a: torch.fx.GraphModule, g_b: torch.fx.Grap
 
 
 def _probe_bindings(req: Request) -> list[dict]:
-    return [{sym: sizes[i % len(sizes)] for i, sym in enumerate(req.symbols)}
-            for sizes in (_EXAMPLE_SIZES, _LARGER_SIZES)]
+    return [_binding(req, sizes) for sizes in (_EXAMPLE_SIZES, _LARGER_SIZES)]
 
 
 def _candidate_bindings(req: Request):
