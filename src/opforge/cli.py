@@ -141,14 +141,14 @@ def _plan_one(request_dir: Path, cost: bool) -> dict:
     import time
 
     from opforge.codegen.build import kernels_of
+    from opforge.codegen.trace import trace_request
     from opforge.request import load_request
     from opforge.skills.op_api.stage import explore
     from opforge.skills.op_design.stage import plan_summary
-    from opforge.skills.op_requirement.stage import build_spec
 
     start = time.perf_counter()
     req = load_request(request_dir)
-    _, traced = build_spec(req)
+    traced = trace_request(req)  # stage 1's trace, without the spec's probes a plan does not read
     report, build = explore(req, traced, with_cost=cost)
     passes = {name: [plan_summary(k) for k in kernels_of(plan)]
               for name, plan in (("forward", build and build.forward), ("backward", build and build.backward)) if plan}

@@ -9,9 +9,11 @@ from one, which a kernel cannot follow; that is refused with the attribute named
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import sympy
 import torch
@@ -110,12 +112,18 @@ class TracedOp:
     output_like: dict[str, str | None]  # output -> input whose dtype it takes (None: fixed float32; INDEX: int64)
     runtime_attrs: list[str]  # float attributes passed to kernels at run time
     example_binding: dict[str, int] = field(default_factory=dict)
-    # With leading dimensions (x of (B, S, H) for a request's (N, H)): the inputs whose first dimension is the rows,
-    # and for each output whether it has them too. None: the reference means something else by them.
-    leading: dict | None = None
+    # The leading-dimensions probe (runs the reference twice in float64): called when `leading` is first read, so
+    # that a plan, which does not read it, does not pay for it.
+    leading_probe: Callable[[], dict | None] = lambda: None
     # The joint traced again with each attention region as one op and its backward as another
     # (codegen/attention_grad.py): what the backward is planned from. `joint` stays the reference's own graph.
     fused_joint: torch.fx.GraphModule | None = None
+
+    @functools.cached_property
+    def leading(self) -> dict | None:
+        """With leading dimensions (x of (B, S, H) for a request's (N, H)): the inputs whose first dimension is the
+        rows, and for each output whether it has them too. None: the reference means something else by them."""
+        return self.leading_probe()
 
     @property
     def backward_graph(self) -> torch.fx.GraphModule | None:
@@ -243,9 +251,9 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
     moved = {a.name: (_perturb(a.default) if a.type == "float" and a.default is not None else a.default)
              for a in req.attributes}
     args = list(tensors)
-    if grads:
-        outs = run_reference(req, fn, tensors, defaults)
-        args += [torch.randn_like(o) for o in outs if o.is_floating_point()]
+    if grads:  # the outputs' gradients, shaped and strided as the outputs (their values are never read)
+        outs = run_reference(req, fn, _on_meta(tensors), defaults)
+        args += [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype) for o in outs if o.is_floating_point()]
     g_a = _make_fx(req, build(defaults, forwards and forwards[0]), args)
     # the second trace finds the constants that follow a float attribute: without one it would be the first again
     floats = moved != defaults
@@ -456,12 +464,27 @@ def _in_user_terms(req: Request, binding: dict, exc: TraceError) -> TraceError:
     return exc
 
 
+def trace_inputs(req: Request, binding: dict[str, int]) -> list[torch.Tensor]:
+    """Inputs to trace with: make_fx reads their shapes, strides and dtypes only, so they are left uninitialised
+    (a reference with large fixed weights is traced without drawing or computing on them)."""
+    return [torch.empty(req.input_shape(spec, binding), dtype=getattr(torch, spec.dtypes[0]) if spec.index
+                        else torch.float32) for spec in req.inputs]
+
+
+def _on_meta(tensors, dtype=None) -> list[torch.Tensor]:
+    return [torch.empty_strided(t.shape, t.stride(), dtype=dtype if dtype and t.is_floating_point() else t.dtype,
+                                device="meta") for t in tensors]
+
+
 def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
-    tensors = example_inputs(req, binding)
-    try:
-        outs = run_reference(req, fn, tensors, req.attr_defaults)
-    except TraceError as exc:
-        raise _in_user_terms(req, binding, exc) from None
+    tensors = trace_inputs(req, binding)
+    try:  # on meta tensors: the outputs' number, shapes and dtypes without computing them
+        outs = run_reference(req, fn, _on_meta(tensors), req.attr_defaults)
+    except TraceError:
+        try:  # again on values: the error as the CPU kernels word it (or an op that has no meta kernel)
+            outs = run_reference(req, fn, example_inputs(req, binding), req.attr_defaults)
+        except TraceError as exc:
+            raise _in_user_terms(req, binding, exc) from None
     where = f"{req.reference_file}:{req.reference_func}"
     names = list(req.outputs) if req.outputs else (["out"] if len(outs) == 1 else
                                                    [f"out{i}" for i in range(len(outs))])
@@ -473,9 +496,7 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
             raise TraceError(where, f"output dtype {o.dtype} is not supported (floating outputs, and int64 indices)")
 
     # which outputs follow the input dtype: run once more on meta tensors in bfloat16
-    meta = [torch.empty(t.shape, dtype=torch.bfloat16 if t.is_floating_point() else t.dtype, device="meta")
-            for t in tensors]
-    meta_outs = run_reference(req, fn, meta, req.attr_defaults)
+    meta_outs = run_reference(req, fn, _on_meta(tensors, torch.bfloat16), req.attr_defaults)
     first = req.inputs[0].name
     output_like = {n: (first if o.dtype == torch.bfloat16 else INDEX if o.dtype == torch.int64 else None)
                    for n, o in zip(names, meta_outs)}
@@ -498,7 +519,7 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
             fused_joint = _fused_joint(req, fn, tensors, *fused)
     runtime = [a.name for a in req.attributes if a.name in used]
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
-                    binding, leading_dimensions(req, fn, binding), fused_joint)
+                    binding, lambda: leading_dimensions(req, fn, binding), fused_joint)
 
 
 def _fused_joint(req: Request, fn, tensors, fused_a: tuple, fused_b: tuple) -> torch.fx.GraphModule:

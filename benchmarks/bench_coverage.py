@@ -1,0 +1,212 @@
+"""How many problems of a problem set the engine lowers: each problem file in the common `Model` convention (an
+nn.Module `Model(*get_init_inputs())` called on `get_inputs()`) is converted to a request, then planned by
+`opforge op plan --no-cost`, each in its own process (memory and time limited). Prints the verdict per problem,
+the share that builds, and the ops that block the rest, most frequent first. Asserts nothing.
+
+    .venv/bin/python benchmarks/bench_coverage.py PROBLEM_DIR [PROBLEM_DIR...] [--out DIR] [--backward] [--json F]
+
+The conversion: the forward's tensor arguments, the module's parameters and its buffers are the request's inputs
+(parameters learnable, buffers not); a size that a parameter or buffer also has is written as a number, every
+other size of the arguments as a symbol (one per distinct value), so the trace's probes vary batch and spatial
+sizes but never a size the module's construction fixed. Non-tensor arguments are attributes with their values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import inspect
+import json
+import re
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMORY_LIMIT = 10 << 30
+TIME_LIMIT = 300
+SYMBOLS = "NCDHWLMKPQRSTUVXYZ"
+WRAPPER = '''
+
+# -- the request's entry point: the module above, called with the request's inputs as its parameters
+with torch.device("meta"):  # every parameter and buffer comes in through the call below
+    _MODEL = Model(*get_init_inputs())
+
+
+def opforge_forward({args}):
+    state = {{{state}}}
+    return torch.func.functional_call(_MODEL, state, ({call},))
+'''
+
+
+def _name(raw: str, taken: set[str]) -> str:
+    name = re.sub(r"[^a-z0-9_]", "_", raw.lower()).strip("_") or "t"
+    if not name[0].isalpha():
+        name = f"t_{name}"
+    base, i = name, 1
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
+
+
+def _load(path: Path) -> dict:
+    scope: dict = {"__name__": f"_problem_{path.stem}"}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    return scope
+
+
+def convert(path: Path, out: Path, backward: bool) -> Path:
+    """Write the request folder for one problem file; raise on a file that does not follow the convention."""
+    scope = _load(path)
+    bounds = []  # the upper bounds torch.randint drew the integer inputs under (class labels)
+    randint = torch.randint
+
+    def recording(*a, **k):
+        bounds.append(a[1] if len(a) > 1 and isinstance(a[1], int) else k.get("high", a[0]))
+        return randint(*a, **k)
+
+    torch.randint = recording
+    try:
+        with torch.device("meta"):
+            args = list(scope["get_inputs"]())
+    finally:
+        torch.randint = randint
+        model = scope["Model"](*scope["get_init_inputs"]())
+    params = list(model.named_parameters())
+    buffers = [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
+    fixed = {s for _, t in params + buffers for s in t.shape}
+    values: dict[int, str] = {}
+    taken: set[str] = set()
+
+    def dims(t: torch.Tensor) -> list:
+        out_dims = []
+        for s in t.shape:
+            if s in fixed or s == 1:
+                out_dims.append(int(s))
+            else:
+                values.setdefault(int(s), SYMBOLS[len(values)] if len(values) < len(SYMBOLS) else f"S{len(values)}")
+                out_dims.append(values[int(s)])
+        return out_dims
+
+    arg_names = [p for p in inspect.signature(scope["Model"].forward).parameters if p != "self"]
+    inputs, attributes, call, fargs = {}, {}, [], []
+    for pname, a in zip(arg_names, args):
+        name = _name(pname, taken)
+        if isinstance(a, torch.Tensor):
+            dtype = str(a.dtype).removeprefix("torch.")
+            entry = {"shape": dims(a), "dtype": [dtype] if a.is_floating_point() else dtype}
+            if a.is_floating_point():
+                entry["requires_grad"] = backward
+            else:
+                entry["range"] = [0, 2] if a.dtype == torch.bool else [0, int(bounds.pop(0)) if bounds else 2]
+            inputs[name] = entry
+        else:
+            kind = {bool: "bool", int: "int", float: "float"}.get(type(a), "str")
+            attributes[name] = {"type": kind, "default": a}
+        fargs.append(name)
+        call.append(name)
+    state = []
+    for pname, t in params + buffers:
+        name = _name(pname, taken)
+        inputs[name] = {"shape": [int(s) for s in t.shape], "dtype": "like " + next(iter(inputs), name),
+                        "requires_grad": backward and t.requires_grad}
+        fargs.append(name)
+        state.append(f"{pname!r}: {name}")
+    if not inputs:
+        raise ValueError("no tensor input")
+    first = next(iter(inputs))
+    for name, entry in inputs.items():
+        if name != first and entry["dtype"] == "like " + name:
+            entry["dtype"] = inputs[first]["dtype"]
+    d = out / path.stem.lower()
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "reference.py").write_text(path.read_text() + WRAPPER.format(
+        args=", ".join(fargs), state=", ".join(state), call=", ".join(call[:len(args)]) or ""))
+    doc = {"name": _name(path.stem, set()), "description": f"converted from {path.name}", "category": "other",
+           "inputs": inputs, "reference": "reference.py:opforge_forward", "backward": backward,
+           "shapes": {"p0": [{sym: v for v, sym in values.items()}]}}
+    if attributes:
+        doc["attributes"] = attributes
+    (d / "request.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+def _limit_memory() -> None:
+    # a reference traced at its own (large) sizes must not take the machine down with it
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _plan(request: Path) -> dict:
+    """`opforge op plan --json` on one request, in its own process with a memory and time limit."""
+    cmd = [str(ROOT / ".venv" / "bin" / "opforge"), "op", "plan", str(request), "--json", "--no-cost"]
+    start = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=TIME_LIMIT,
+                           preexec_fn=_limit_memory)
+    except subprocess.TimeoutExpired:
+        return {"request": str(request), "buildable": False, "error": f"plan: over {TIME_LIMIT} s"}
+    try:
+        row = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"request": str(request), "buildable": False, "error": f"plan: exit {r.returncode}: {tail[:200]}"}
+    if "buildable" not in row:  # refused before planning: the request or the reference is at fault
+        err = row.get("error", row)
+        row = {"buildable": False, "error": f"{err.get('where')}: {err.get('what')}" if isinstance(err, dict) else err}
+    row.setdefault("seconds", round(time.perf_counter() - start, 2))
+    return {"request": str(request), **row}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+", type=Path, help="folders of problem files")
+    ap.add_argument("--out", type=Path, default=Path("coverage-requests"), help="where the requests are written")
+    ap.add_argument("--backward", action="store_true", help="request the backward too")
+    ap.add_argument("--json", type=Path, help="write the rows here too")
+    ap.add_argument("--workers", type=int, default=2, help="requests planned at once, each in its own process")
+    args = ap.parse_args()
+    requests, failed = [], {}
+    for folder in args.dirs:
+        for path in sorted(folder.glob("*.py"), key=lambda p: (len(p.stem.split("_")[0]), p.stem)):
+            try:
+                requests.append(convert(path, args.out / folder.name, args.backward))
+            except Exception as exc:  # a problem file outside the convention is counted, not fatal
+                failed[path.name] = f"{type(exc).__name__}: {exc}"
+    start = time.perf_counter()
+    rows, blockers = [], collections.Counter()
+    with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
+        for row in pool.map(_plan, requests):  # printed as they finish, in order
+            rows.append(row)
+            if row["buildable"]:
+                verdict = "builds"
+            elif row.get("unsupported"):
+                verdict = f"BLOCKED_API: {', '.join(row['unsupported'])}"
+                blockers.update(set(row["unsupported"]))
+            else:
+                verdict = f"error: {row.get('error')}"
+                blockers["(error) " + str(row.get("error")).split(": ")[-1][:70]] += 1
+            print(f"{Path(row['request']).name:60.60s} {row.get('seconds', 0.0):6.2f} s  {verdict[:150]}",
+                  flush=True)
+    wall = time.perf_counter() - start
+    for name, why in failed.items():
+        print(f"{name:60.60s} not converted: {why[:120]}")
+    built = sum(r["buildable"] for r in rows)
+    total = len(rows) + len(failed)
+    print(f"\n{built} of {total} lower ({len(failed)} not converted), {wall:.0f} s wall; blocking, most "
+          "frequent first:")
+    for op, n in blockers.most_common(40):
+        print(f"  {n:4d}  {op}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "not_converted": failed}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
