@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (inputs, attributes, reference body, shape bindings to check)
 UNSEEN = {
+    # numbers made tensors in the reference (torch.tensor(c)): traced as copies of constants, kernels' literals
+    "tensor_constants": ({"x": [["N", "M"], True]}, {},
+                         "return torch.min(x, torch.tensor(0.3)) * 2.0 + torch.tensor(1.5)",
+                         [{"N": 5, "M": 7}, {"N": 3, "M": 130}]),
     "softcap": ({"x": [["N", "M"], True]}, {"cap": 30.0},
                 "return torch.tanh(x / cap) * cap", [{"N": 5, "M": 7}, {"N": 17, "M": 300}]),
     "l2_normalize": ({"x": [["N", "D"], True]}, {"eps": 1e-12},

@@ -413,6 +413,26 @@ def negated_sizes(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def lifted_scalars(gm: torch.fx.GraphModule) -> None:
+    """A number made a tensor in the reference (`torch.min(x, torch.tensor(c))`) is traced as a copy of a tensor
+    constant: a literal, as `scalar_tensor` of its value and dtype."""
+    graph = gm.graph
+    for node in graph.find_nodes(op="call_function", target=aten.lift_fresh_copy.default):
+        src = node.args[0]
+        const = getattr(gm, src.target, None) if src.op == "get_attr" else None
+        if not isinstance(const, torch.Tensor) or const.dim() != 0 or const.is_complex():
+            continue
+        with graph.inserting_before(node):
+            lit = graph.call_function(aten.scalar_tensor.default, (const.item(),), {"dtype": const.dtype})
+        lit.meta = dict(node.meta)
+        node.replace_all_uses_with(lit)
+        graph.erase_node(node)
+        if not src.users:
+            graph.erase_node(src)
+    graph.lint()
+    gm.recompile()
+
+
 def drop_full_slices(gm: torch.fx.GraphModule) -> None:
     """A slice that keeps a whole dimension (`x[:, None]` traces one for the `:`) is its source, and its
     gradient (slice_backward of the same slice) is the gradient itself: no planner has to tell them from real

@@ -29,6 +29,7 @@ from opforge.codegen.decompose import (
     factor_column_sums,
     fold_reshapes,
     interleaved_gradients,
+    lifted_scalars,
     negated_sizes,
     pairs_to_strided_slices,
     reverse_scans,
@@ -262,6 +263,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         rewrite_variance(gm)
         rewrite_inplace(gm)
         negated_sizes(gm)
+        lifted_scalars(gm)
         split_to_slices(gm)
         pairs_to_strided_slices(gm)
         drop_full_slices(gm)
