@@ -27,6 +27,11 @@ UNSEEN = {
     "tensor_constants": ({"x": [["N", "M"], True]}, {},
                          "return torch.min(x, torch.tensor(0.3)) * 2.0 + torch.tensor(1.5)",
                          [{"N": 5, "M": 7}, {"N": 3, "M": 130}]),
+    # an exclusive scan written with a select only for the leading zero's shape
+    "exclusive_cumsum": ({"x": [["N", "M"], True]}, {},
+                         "return torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), "
+                         "torch.cumsum(x.narrow(1, 0, x.size(1) - 1), dim=1)), dim=1)",
+                         [{"N": 5, "M": 7}, {"N": 3, "M": 130}]),
     "softcap": ({"x": [["N", "M"], True]}, {"cap": 30.0},
                 "return torch.tanh(x / cap) * cap", [{"N": 5, "M": 7}, {"N": 17, "M": 300}]),
     "l2_normalize": ({"x": [["N", "D"], True]}, {"eps": 1e-12},

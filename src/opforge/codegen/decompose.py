@@ -433,6 +433,32 @@ def lifted_scalars(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+_LIKE = (aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default)
+
+
+def shape_only_selects(gm: torch.fx.GraphModule) -> None:
+    """`zeros_like(x.select(d, i).unsqueeze(d))` reads nothing of x but the shape of one slice along d (an
+    exclusive scan's leading zero): the same shape as the width-one slice x[..., i:i+1, ...], which the planners
+    take where they refuse a select."""
+    graph = gm.graph
+    for node in [n for t in _LIKE for n in graph.find_nodes(op="call_function", target=t)]:
+        up = node.args[0]
+        if up.target != aten.unsqueeze.default or up.args[0].target != aten.select.int:
+            continue
+        x, dim, index = up.args[0].args
+        if up.args[1] != dim or not isinstance(index, int) or index < 0:
+            continue
+        with graph.inserting_before(node):
+            part = graph.call_function(aten.slice.Tensor, (x, dim, index, index + 1))
+        part.meta = dict(up.meta)
+        node.replace_input_with(up, part)
+        for dead in (up, up.args[0]):
+            if not dead.users:
+                graph.erase_node(dead)
+    graph.lint()
+    gm.recompile()
+
+
 def drop_full_slices(gm: torch.fx.GraphModule) -> None:
     """A slice that keeps a whole dimension (`x[:, None]` traces one for the `:`) is its source, and its
     gradient (slice_backward of the same slice) is the gradient itself: no planner has to tell them from real

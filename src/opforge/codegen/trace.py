@@ -35,6 +35,7 @@ from opforge.codegen.decompose import (
     reverse_scans,
     rewrite_inplace,
     rewrite_variance,
+    shape_only_selects,
     sink_row_views,
     split_to_slices,
     split_value_index,
@@ -264,6 +265,7 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
         rewrite_inplace(gm)
         negated_sizes(gm)
         lifted_scalars(gm)
+        shape_only_selects(gm)
         split_to_slices(gm)
         pairs_to_strided_slices(gm)
         drop_full_slices(gm)
