@@ -28,10 +28,15 @@ UNSEEN = {
                          "return torch.min(x, torch.tensor(0.3)) * 2.0 + torch.tensor(1.5)",
                          [{"N": 5, "M": 7}, {"N": 3, "M": 130}]),
     # an exclusive scan written with a select only for the leading zero's shape
-    "exclusive_cumsum": ({"x": [["N", "M"], True]}, {},
-                         "return torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), "
-                         "torch.cumsum(x.narrow(1, 0, x.size(1) - 1), dim=1)), dim=1)",
-                         [{"N": 5, "M": 7}, {"N": 3, "M": 130}]),
+    "exclusive_cumsum_select": ({"x": [["N", "M"], True]}, {},
+                                "return torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), "
+                                "torch.cumsum(x.narrow(1, 0, x.size(1) - 1), dim=1)), dim=1)",
+                                [{"N": 5, "M": 7}, {"N": 3, "M": 130}]),
+    # a pooled size that is 1 at some probe sizes is still a dimension the sum reduces (traced at others)
+    "conv_pool_sum": ({"x": [["N", 3, "H", "H"], True], "w": [[4, 3, 3, 3], True]}, {},
+                      "return torch.sigmoid(torch.nn.functional.avg_pool2d("
+                      "torch.nn.functional.conv2d(x, w), 4)).sum(dim=[1, 2, 3])",
+                      [{"N": 2, "H": 18}, {"N": 3, "H": 7}]),
     "softcap": ({"x": [["N", "M"], True]}, {"cap": 30.0},
                 "return torch.tanh(x / cap) * cap", [{"N": 5, "M": 7}, {"N": 17, "M": 300}]),
     "l2_normalize": ({"x": [["N", "D"], True]}, {"eps": 1e-12},

@@ -458,6 +458,11 @@ def _attr_names(info: dict) -> list[str]:
     return attrs
 
 
+def _unit(size) -> bool:
+    """A dimension of size one by its expression (the trace is retaken where a derived size is 1 by chance)."""
+    return sympy.sympify(size) == 1
+
+
 class _RowPlanner:
     """One walk over the needed nodes of a graph, in order: what the row kernel knows of each value (`info`),
     the inputs it reads, the reductions it runs, and the finished values a later kernel must be handed (`cuts`)."""
@@ -616,7 +621,7 @@ class _RowPlanner:
         si = self.info[src]
         shape = shape_of(src, self.env)
         dim = node.args[1] % len(shape)
-        cdims = [d for d in self.col_dims(src)[0] if not same(shape[d], sympy.Integer(1), self.env)]
+        cdims = [d for d in self.col_dims(src)[0] if not _unit(shape[d])]
         if not si.dc or si.post or cdims != [dim]:
             raise Unsupported([key], f"{node.name} scans along dimension {dim}, which is not alone the row the "
                                      "kernel walks")
@@ -704,7 +709,7 @@ class _RowPlanner:
         """The non-trivial dims `node` reduces, and whether they include the rows' and the columns' dims."""
         cdims, rdims = self.col_dims(src)
         dims = _dims(node.args[1] if len(node.args) > 1 else None, len(shape))
-        dims = [d for d in dims if not same(shape[d], sympy.Integer(1), self.env)]
+        dims = [d for d in dims if not _unit(shape[d])]
         red_c = bool(set(dims) & set(cdims))
         red_r = bool(set(dims) & set(rdims))
         if (red_c and not set(cdims) <= set(dims)) or (red_r and not set(rdims) <= set(dims)) or \
@@ -720,7 +725,7 @@ class _RowPlanner:
         pad = len(self.space) - len(shape)
         if self.perm != tuple(range(len(self.space))) and pad >= 0:  # right-aligned on the space, walked in order
             cdims = sorted(j - pad for j in self.perm[self.split:] if j >= pad) if i.dc else []
-            rdims = [j - pad for j in self.perm[:self.split] if j >= pad and not same(shape[j - pad], 1, self.env)]
+            rdims = [j - pad for j in self.perm[:self.split] if j >= pad and not _unit(shape[j - pad])]
             return cdims, rdims if i.dr else []
         split = len(shape)
         if i.dc:
@@ -731,7 +736,7 @@ class _RowPlanner:
                     break
             if split is None:
                 raise Unsupported([_where(node)], f"{node.name}: its last dimensions do not line up with the rows")
-        rdims = [k for k in range(split) if not same(shape[k], sympy.Integer(1), self.env)] if i.dr else []
+        rdims = [k for k in range(split) if not _unit(shape[k])] if i.dr else []
         return list(range(split, len(shape))), rdims
 
     # finished values a later kernel needs

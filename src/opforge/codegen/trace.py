@@ -397,12 +397,13 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
     allows: distinct multiples of every group size (a width a group size does not divide is refused by the
     impl itself, `symbolic.divisibility_checks`)."""
     _gradient_sizes_met(req, traced)
+    _no_chance_units(req, traced)
     symbols = {s: sympy.Symbol(s, integer=True, positive=True) for s in req.symbols}
     for gm in (traced.forward, traced.joint):
         env = shape_env_of(gm) if gm is not None else None
         if env is None:
             continue
-        names = symbol_map(gm, req, products=True)
+        names = {**_literal_dims(gm, req), **symbol_map(gm, req, products=True)}
         step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
         bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
                     for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
@@ -420,6 +421,32 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
                                      f"between sizes that the request's shapes do not state (it fails at {at}); "
                                      "state it in the shapes, as a product such as 'G*64' for G groups of 64")
     _joint_solvable(req, traced)
+
+
+def _literal_dims(gm, req: Request) -> dict:
+    """Graph shape symbols of the dimensions the request writes as numbers (a 3x3 kernel) -> those numbers: make_fx
+    gives them symbols too, and a guard over them (a pooled size of 1) is a relation of the request's symbols."""
+    out = {}
+    for spec, node in zip(req.inputs, gm.graph.find_nodes(op="placeholder")):
+        for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
+            if isinstance(d, int) and isinstance(e, sympy.Symbol):
+                out[e] = sympy.Integer(d)
+    return out
+
+
+def _no_chance_units(req: Request, traced: TracedOp) -> None:
+    """A size derived from the inputs' (a pooled height) that is 1 at the traced sizes but not at others: the
+    planners would take it for a dimension of size one that nothing walks. Traced again at other sizes."""
+    names = symbol_map(traced.forward, req, products=True)
+    at = {sympy.Symbol(k, integer=True, positive=True): v for k, v in traced.example_binding.items()}
+    others = [{sympy.Symbol(k, integer=True, positive=True): v for k, v in b.items()} for b in _probe_bindings(req)]
+    for expr in set(graph_shapes(traced.forward)):
+        if not getattr(expr, "free_symbols", None):
+            continue
+        e = renamed(expr, names)
+        if e.free_symbols <= set(at) and e.xreplace(at) == 1 and any(e.xreplace(b) != 1 for b in others):
+            raise TraceError(f"{req.reference_file}:{req.reference_func}",
+                             f"the size {pysrc(e, {})} is 1 at the sizes traced ({traced.example_binding}) only")
 
 
 def symbol_map(gm, req: Request, products: bool = False) -> dict:
