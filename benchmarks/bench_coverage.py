@@ -34,8 +34,11 @@ SYMBOLS = "NCDHWLMKPQRSTUVXYZ"
 WRAPPER = '''
 
 # -- the request's entry point: the module above, called with the request's inputs as its parameters
-with torch.device("meta"):  # every parameter and buffer comes in through the call below
+with torch.device("meta"):  # every parameter and floating buffer comes in through the call below
     _MODEL = Model(*get_init_inputs())
+for _module in _MODEL.modules():  # the others (a batch norm's step count) stay the module's own
+    _module._buffers.update({{k: torch.zeros_like(b, device="cpu") for k, b in _module._buffers.items()
+                             if b is not None and not b.is_floating_point()}})
 
 
 def opforge_forward({args}):

@@ -407,6 +407,10 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
         step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
         bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
                     for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
+        # only where the reference runs: a size it derives (a strided convolution's width) may be 0 or less at
+        # the smaller ones, and its guards hold only for sizes it takes
+        derived = [renamed(e, names) for e in set(graph_shapes(gm)) if getattr(e, "free_symbols", None)]
+        bindings = [b for b in bindings if not any(_at(e, b) <= 0 for e in derived)]
         for guard in env.guards:
             if not isinstance(guard.expr, sympy.Eq):
                 continue
@@ -421,6 +425,12 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
                                      f"between sizes that the request's shapes do not state (it fails at {at}); "
                                      "state it in the shapes, as a product such as 'G*64' for G groups of 64")
     _joint_solvable(req, traced)
+
+
+def _at(expr, binding: dict) -> float:
+    """An expression's value at a binding; NaN (no comparison holds) where symbols are left."""
+    v = sympy.sympify(sympy.sympify(expr).xreplace(binding))
+    return float(v) if v.is_number else math.nan
 
 
 def _literal_dims(gm, req: Request) -> dict:
@@ -444,7 +454,7 @@ def _no_chance_units(req: Request, traced: TracedOp) -> None:
         if not getattr(expr, "free_symbols", None):
             continue
         e = renamed(expr, names)
-        if e.free_symbols <= set(at) and e.xreplace(at) == 1 and any(e.xreplace(b) != 1 for b in others):
+        if e.free_symbols <= set(at) and _at(e, at) == 1 and any(_at(e, b) > 1 for b in others):
             raise TraceError(f"{req.reference_file}:{req.reference_func}",
                              f"the size {pysrc(e, {})} is 1 at the sizes traced ({traced.example_binding}) only")
 
