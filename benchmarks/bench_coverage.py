@@ -77,11 +77,11 @@ def convert(path: Path, out: Path, backward: bool) -> Path:
 
     torch.randint = recording
     try:
-        with torch.device("meta"):
+        with torch.device("meta"):  # shapes only: nothing is drawn or allocated
             args = list(scope["get_inputs"]())
+            model = scope["Model"](*scope["get_init_inputs"]())
     finally:
         torch.randint = randint
-        model = scope["Model"](*scope["get_init_inputs"]())
     params = list(model.named_parameters())
     buffers = [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
     fixed = {s for _, t in params + buffers for s in t.shape}
@@ -99,7 +99,7 @@ def convert(path: Path, out: Path, backward: bool) -> Path:
         return out_dims
 
     arg_names = [p for p in inspect.signature(scope["Model"].forward).parameters if p != "self"]
-    inputs, attributes, call, fargs = {}, {}, [], []
+    inputs, attributes, fargs = {}, {}, []
     for pname, a in zip(arg_names, args):
         name = _name(pname, taken)
         if isinstance(a, torch.Tensor):
@@ -114,24 +114,21 @@ def convert(path: Path, out: Path, backward: bool) -> Path:
             kind = {bool: "bool", int: "int", float: "float"}.get(type(a), "str")
             attributes[name] = {"type": kind, "default": a}
         fargs.append(name)
-        call.append(name)
+    call = list(fargs)  # the forward's own arguments; the module's tensors follow them
     state = []
     for pname, t in params + buffers:
         name = _name(pname, taken)
-        inputs[name] = {"shape": [int(s) for s in t.shape], "dtype": "like " + next(iter(inputs), name),
+        first = next(iter(inputs), None)  # the module's tensors take the first tensor input's dtype
+        inputs[name] = {"shape": [int(s) for s in t.shape], "dtype": f"like {first}" if first else ["float32"],
                         "requires_grad": backward and t.requires_grad}
         fargs.append(name)
         state.append(f"{pname!r}: {name}")
     if not inputs:
         raise ValueError("no tensor input")
-    first = next(iter(inputs))
-    for name, entry in inputs.items():
-        if name != first and entry["dtype"] == "like " + name:
-            entry["dtype"] = inputs[first]["dtype"]
     d = out / path.stem.lower()
     d.mkdir(parents=True, exist_ok=True)
     (d / "reference.py").write_text(path.read_text() + WRAPPER.format(
-        args=", ".join(fargs), state=", ".join(state), call=", ".join(call[:len(args)]) or ""))
+        args=", ".join(fargs), state=", ".join(state), call=", ".join(call)))
     doc = {"name": _name(path.stem, set()), "description": f"converted from {path.name}", "category": "other",
            "inputs": inputs, "reference": "reference.py:opforge_forward", "backward": backward,
            "shapes": {"p0": [{sym: v for v, sym in values.items()}]}}

@@ -228,9 +228,11 @@ def _refuse_fixed_sizes(req: Request, gm: torch.fx.GraphModule, where: str) -> N
                                         "control flow); use tensor sizes as they are, so that it stays symbolic")
 
 
-def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
-    """Trace with default and with perturbed float attributes; returns both graphs. `forwards`: two functions
-    of the inputs to trace instead of the reference (the forward graphs traced at each), for the joint."""
+def _trace_pair(req: Request, fn, tensors, outs=None, forwards=None):
+    """Trace with default and with perturbed float attributes; returns both graphs. With the reference's outputs
+    (`outs`, for their shapes), the joint: the forward and the inputs' gradients. `forwards`: two functions of the
+    inputs to trace instead of the reference (the forward graphs traced at each), for the joint."""
+    grads = outs is not None
     names = [s.name for s in req.inputs]
     grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
 
@@ -241,12 +243,12 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
 
         def joint(*args):
             ts = [t.detach().requires_grad_(i in grad_idx) for i, t in enumerate(args[:len(names)])]
-            outs = call(ts)
+            results = call(ts)
             g_outs = args[len(names):]  # one per floating output: indices take no gradient
-            floats = [o for o in outs if o.is_floating_point()]
+            floats = [o for o in results if o.is_floating_point()]
             grads_ = torch.autograd.grad(floats, [ts[i] for i in grad_idx], g_outs, allow_unused=True)
             grads_ = [torch.zeros_like(ts[i]) if g is None else g for i, g in zip(grad_idx, grads_)]
-            return (*outs, *grads_)
+            return (*results, *grads_)
         return joint
 
     defaults = req.attr_defaults
@@ -254,7 +256,6 @@ def _trace_pair(req: Request, fn, tensors, grads: bool, forwards=None):
              for a in req.attributes}
     args = list(tensors)
     if grads:  # the outputs' gradients, shaped and strided as the outputs (their values are never read)
-        outs = run_reference(req, fn, _on_meta(tensors), defaults)
         args += [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype) for o in outs if o.is_floating_point()]
     g_a = _make_fx(req, build(defaults, forwards and forwards[0]), args)
     # the second trace finds the constants that follow a float attribute: without one it would be the first again
@@ -397,8 +398,8 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
     allows: distinct multiples of every group size (a width a group size does not divide is refused by the
     impl itself, `symbolic.divisibility_checks`)."""
     _gradient_sizes_met(req, traced)
-    _no_chance_units(req, traced)
     symbols = {s: sympy.Symbol(s, integer=True, positive=True) for s in req.symbols}
+    _no_chance_units(req, traced, symbols)
     for gm in (traced.forward, traced.joint):
         env = shape_env_of(gm) if gm is not None else None
         if env is None:
@@ -444,12 +445,12 @@ def _literal_dims(gm, req: Request) -> dict:
     return out
 
 
-def _no_chance_units(req: Request, traced: TracedOp) -> None:
+def _no_chance_units(req: Request, traced: TracedOp, symbols: dict) -> None:
     """A size derived from the inputs' (a pooled height) that is 1 at the traced sizes but not at others: the
     planners would take it for a dimension of size one that nothing walks. Traced again at other sizes."""
     names = symbol_map(traced.forward, req, products=True)
-    at = {sympy.Symbol(k, integer=True, positive=True): v for k, v in traced.example_binding.items()}
-    others = [{sympy.Symbol(k, integer=True, positive=True): v for k, v in b.items()} for b in _probe_bindings(req)]
+    at = {symbols[k]: v for k, v in traced.example_binding.items()}
+    others = [{symbols[k]: v for k, v in b.items()} for b in _probe_bindings(req)]
     for expr in set(graph_shapes(traced.forward)):
         if not getattr(expr, "free_symbols", None):
             continue
@@ -542,7 +543,7 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     output_like = {n: (first if o.dtype == torch.bfloat16 else INDEX if o.dtype == torch.int64 else None)
                    for n, o in zip(names, meta_outs)}
 
-    fwd_a, fwd_b = _trace_pair(req, fn, tensors, grads=False)
+    fwd_a, fwd_b = _trace_pair(req, fn, tensors)
     grad_idx = [i for i, s in enumerate(req.inputs) if s.requires_grad]
     graphs = (fwd_a,) if fwd_b is fwd_a else (fwd_a, fwd_b)
     fused = [fused_forward(g, grad_idx) for g in graphs] if req.backward else []
@@ -554,16 +555,16 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     if req.backward and any(o.is_floating_point() for o in outs):  # indices alone have no gradient
         if not grad_inputs:
             raise TraceError(f"{REQUEST_FILE}: backward", "backward: true but no input requires grad")
-        joint, joint_b = _trace_pair(req, fn, tensors, grads=True)
+        joint, joint_b = _trace_pair(req, fn, tensors, outs)
         used |= _bind_attributes(req, joint, joint_b)
         if all(fused):
-            fused_joint = _fused_joint(req, fn, tensors, *fused)
+            fused_joint = _fused_joint(req, fn, tensors, outs, *fused)
     runtime = [a.name for a in req.attributes if a.name in used]
     return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
                     binding, lambda: leading_dimensions(req, fn, binding), fused_joint)
 
 
-def _fused_joint(req: Request, fn, tensors, fused_a: tuple, fused_b: tuple) -> torch.fx.GraphModule:
+def _fused_joint(req: Request, fn, tensors, outs, fused_a: tuple, fused_b: tuple) -> torch.fx.GraphModule:
     """The joint traced from the forward graphs (default and perturbed attributes) with each attention region
     as `opforge::attention`, so that its backward is one op too."""
     (gm_a, regions_a), (gm_b, regions_b) = fused_a, fused_b
@@ -575,7 +576,7 @@ def _fused_joint(req: Request, fn, tensors, fused_a: tuple, fused_b: tuple) -> t
         sizes = {f"size_{s.name}": s for s, kind in zip(ra.side, kinds) if kind == "size"}
         records.append(TracedAttention(ra.score, kinds, sizes, placeholders, sorted(attrs)))
     forwards = [lambda ts, gm=gm: tuple(RunFused(gm).run(*ts)) for gm in (gm_a, gm_b)]
-    joint, joint_b = _trace_pair(req, fn, tensors, grads=True, forwards=forwards)
+    joint, joint_b = _trace_pair(req, fn, tensors, outs, forwards=forwards)
     _bind_attributes(req, joint, joint_b)
     prepare_joint(joint, records)
     return joint
