@@ -37,6 +37,18 @@ UNSEEN = {
                       "return torch.sigmoid(torch.nn.functional.avg_pool2d("
                       "torch.nn.functional.conv2d(x, w), 4)).sum(dim=[1, 2, 3])",
                       [{"N": 2, "H": 18}, {"N": 3, "H": 7}]),
+    # a transposed convolution that doubles the size, then a 2x2 max pool: the output has the input's size,
+    # which its gradient's size reads as once the kernel's numbers are in place
+    "convt_pool_same_size": ({"x": [["N", 3, "H", "W"], True], "w": [[3, 4, 3, 3], True]}, {},
+                             "return torch.nn.functional.max_pool2d(torch.nn.functional.leaky_relu("
+                             "torch.nn.functional.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1), "
+                             "0.2), 2)",
+                             [{"N": 2, "H": 6, "W": 5}, {"N": 1, "H": 9, "W": 4}]),
+    # batch and heads of one size: the attention's views back from (N·N, S, D) trace its size as N**2 // N
+    "square_heads_attention": ({"q": [["N", "N", "S", "D"], True], "k": [["N", "N", "S", "D"], True],
+                                "v": [["N", "N", "S", "D"], True]}, {},
+                               "return torch.nn.functional.scaled_dot_product_attention(q, k, v)",
+                               [{"N": 2, "S": 16, "D": 16}, {"N": 3, "S": 32, "D": 16}]),
     "softcap": ({"x": [["N", "M"], True]}, {"cap": 30.0},
                 "return torch.tanh(x / cap) * cap", [{"N": 5, "M": 7}, {"N": 17, "M": 300}]),
     "l2_normalize": ({"x": [["N", "D"], True]}, {"eps": 1e-12},

@@ -135,6 +135,30 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
     _finish(state, as_json)
 
 
+def _print_plan(out: dict, alone: bool, as_json: bool) -> None:
+    """One request's verdict; alone, its kernels and cost model too (under --json on stderr, beside the JSON)."""
+    if "error" in out:
+        typer.echo(f"{out['request']}: error: {out['error']}", err=as_json)
+        return
+    if not as_json and alone:
+        for name, kernels in out["kernels"].items():
+            layouts = ", ".join(f"{k['kernel']} ({k['layout']})" for k in kernels)
+            typer.echo(f"{name}: {len(kernels)} kernel(s): {layouts}")
+        for c in out["cost"]:
+            for p in ("forward", "backward"):
+                if p in c:
+                    x = c[p]
+                    typer.echo(f"{c['binding']} {c['dtype']} {p}: {x['fused_kernels']} launch(es) instead of "
+                               f"eager's {x['eager_kernels']}, {x['fused_bytes']:,} bytes instead of "
+                               f"{x['eager_bytes']:,}, {x['roofline']['bound']}-bound")
+    if not out["buildable"]:  # alone, the last line is `op run`'s
+        blocked = f"BLOCKED_API: {out['reason']}: {', '.join(out['unsupported'])}"
+        typer.echo(blocked if alone else f"{out['op']}: {blocked} ({out['seconds']} s)", err=True)
+        return
+    kernels = " + ".join(str(len(k)) for k in out["kernels"].values())
+    typer.echo(f"{out['op']}: builds it, {kernels} kernel(s) ({out['seconds']} s)", err=as_json)
+
+
 def _plan_one(request_dir: Path, cost: bool) -> dict:
     """Stages 1-2 of one request in memory: its kernel plan and cost model, or what the engine cannot lower.
     Raises InputError for a bad request."""
@@ -165,36 +189,22 @@ def op_plan(request_dirs: list[Path] = typer.Argument(..., help="folders with re
     """Whether the engine can build references: stages 1-2 in memory, no workspace. Exit 0 with each kernel
     plan and cost model; exit 2 naming every op it cannot lower (or, for several requests, when any fails)."""
     results = []
-    for d in request_dirs:
+    for d in request_dirs:  # each verdict is printed as it comes: a sweep over hundreds shows its progress
         try:
-            results.append(_plan_one(d, cost))
+            out = _plan_one(d, cost)
         except InputError as exc:
             if len(request_dirs) == 1:
                 _fail_input(exc, as_json)
-            results.append({"request": str(d), "buildable": False, "error": f"{exc.where}: {exc.what}"})
+            out = {"request": str(d), "buildable": False, "error": f"{exc.where}: {exc.what}"}
+        except Exception as exc:  # an engine defect on one reference of many must not cost the others' answers
+            if len(request_dirs) == 1:
+                raise
+            why = (str(exc).strip().splitlines() or [""])[0]
+            out = {"request": str(d), "buildable": False, "error": f"the engine failed: {type(exc).__name__}: {why}"}
+        results.append(out)
+        _print_plan(out, len(request_dirs) == 1, as_json)
     if as_json:
         typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=str))
-    for out in results:
-        if "error" in out:
-            typer.echo(f"{out['request']}: error: {out['error']}", err=as_json)
-            continue
-        if not as_json and len(results) == 1:
-            for name, kernels in out["kernels"].items():
-                layouts = ", ".join(f"{k['kernel']} ({k['layout']})" for k in kernels)
-                typer.echo(f"{name}: {len(kernels)} kernel(s): {layouts}")
-            for c in out["cost"]:
-                for p in ("forward", "backward"):
-                    if p in c:
-                        x = c[p]
-                        typer.echo(f"{c['binding']} {c['dtype']} {p}: {x['fused_kernels']} launch(es) instead of "
-                                   f"eager's {x['eager_kernels']}, {x['fused_bytes']:,} bytes instead of "
-                                   f"{x['eager_bytes']:,}, {x['roofline']['bound']}-bound")
-        if not out["buildable"]:  # alone, the last line is `op run`'s
-            blocked = f"BLOCKED_API: {out['reason']}: {', '.join(out['unsupported'])}"
-            typer.echo(blocked if len(results) == 1 else f"{out['op']}: {blocked} ({out['seconds']} s)", err=True)
-            continue
-        kernels = " + ".join(str(len(k)) for k in out["kernels"].values())
-        typer.echo(f"{out['op']}: builds it, {kernels} kernel(s) ({out['seconds']} s)", err=as_json)
     failed = [r.get("op", r["request"]) for r in results if not r["buildable"]]
     if failed:
         if len(results) > 1:

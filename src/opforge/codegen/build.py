@@ -130,12 +130,12 @@ def plan_request(req: Request, traced: TracedOp | None = None) -> Build:
     traced = traced or trace_request(req)
     fwd = _plan_forward(req, traced, traced.forward)
     scans = forward_scans(traced.forward, traced.backward_graph, len(traced.input_names),
-                          len(traced.output_names)) if traced.joint is not None else []
+                          len(traced.output_names)) if traced.backward_graph is not None else []
     names = [f"saved_{f.name}" for _, f in scans]
     fwd_saving, bwd = _plan_saving(req, traced, scans, names) if scans else (None, None)  # saved always (saved.py)
     if fwd_saving is not None:
         fwd = fwd_saving
-    elif traced.joint is not None:  # nothing to save, or saving does not plan: the backward as traced
+    elif traced.backward_graph is not None:  # nothing to save, or saving does not plan: the backward as traced
         bwd = _plan_backward(req, traced, traced.backward_graph)
     build = Build(traced, fwd, bwd, graph_dims(traced.forward, traced.kernel_inputs))
     if fwd_saving is not None:

@@ -265,10 +265,12 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
 
     def is_full(node) -> bool:
         n = _numel(node.meta["val"])
-        if sympy.simplify(n - domain) == 0:
+        if n == domain:
             return True
         if n == 1:
             return False
+        if sympy.simplify(n - domain) == 0:
+            return True
         raise Unsupported([op_name(node.target) if node.op == "call_function" else node.name],
                           f"value {node.name} of shape {list(node.meta['val'].shape)} is neither the full "
                           f"tensor nor a scalar (row/column broadcasts need the row kernel)")

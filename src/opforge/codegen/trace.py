@@ -107,7 +107,9 @@ INDEX = "torch.int64"  # an output's `like` when it holds indices (argmax, max.d
 @dataclass
 class TracedOp:
     forward: torch.fx.GraphModule
-    joint: torch.fx.GraphModule | None
+    # The joint forward+backward graph, traced when `joint` is first read: where the backward is planned from
+    # `fused_joint`, a plan does not read the reference's own joint and does not pay for its trace.
+    joint_probe: Callable[[], torch.fx.GraphModule | None]
     input_names: list[str]
     output_names: list[str]
     grad_inputs: list[str]  # inputs that receive a gradient, in order
@@ -120,6 +122,10 @@ class TracedOp:
     # The joint traced again with each attention region as one op and its backward as another
     # (codegen/attention_grad.py): what the backward is planned from. `joint` stays the reference's own graph.
     fused_joint: torch.fx.GraphModule | None = None
+
+    @functools.cached_property
+    def joint(self) -> torch.fx.GraphModule | None:
+        return self.joint_probe()
 
     @functools.cached_property
     def leading(self) -> dict | None:
@@ -201,7 +207,9 @@ def run_reference(req: Request, fn, tensors, attrs):
 def _make_fx(req: Request, f, args):
     where = f"{req.reference_file}:{req.reference_func}"
     try:
-        with SizeSafeFunctionals() as mode:
+        # fake tensors' dispatch cache costs more than it saves on symbolic shapes traced once (half the time of
+        # an attention block's joint)
+        with SizeSafeFunctionals() as mode, torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
             gm = make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*args)
         gm.meta["einsums"] = mode.einsums
     except InputError:
@@ -349,7 +357,7 @@ def _joint_solvable(req: Request, traced: TracedOp) -> None:
     as the kernel's plus the gradient's, less one); they must still take the sizes of other shapes the request
     allows. A gradient's size that met an input's at the probe sizes (a convolution's output width equal to
     the input's height) ties two of them, and the sizes of another binding then have no solution."""
-    gm = traced.joint
+    gm = traced.backward_graph
     probes = _probe_bindings(req)
     if gm is None or traced.example_binding not in probes:  # at the request's own shapes: related sizes
         return
@@ -373,21 +381,32 @@ def _gradient_sizes_met(req: Request, traced: TracedOp) -> None:
     """An upstream gradient whose size met an input's by chance at the probe sizes (a pooled depth of 5 beside
     N = 5) was given that input's symbol by make_fx: the backward would then read N where it means the pooled
     depth. Refused, so that the trace is taken again at other sizes."""
-    gm = traced.joint
+    gm = traced.backward_graph
     if gm is None or traced.example_binding not in _probe_bindings(req):  # the request's shapes: related sizes
         return
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = {e for n in placeholders[:len(req.inputs)] for e in shape_exprs(n.meta["val"])
               if isinstance(e, sympy.Symbol)}
     results = list(gm.graph.find_nodes(op="output")[0].args[0])
-    names = symbol_map(gm, req, products=True)  # 'G*4' is 4*G: a size the shapes tie is no chance meeting
+    # 'G*4' is 4*G: a size the shapes tie is no chance meeting; a size written as a number is that number
+    names = {**_literal_dims(gm, req), **symbol_map(gm, req, products=True)}
     for grad, result in zip(placeholders[len(req.inputs):], results):
         if not hasattr(result, "meta") or not isinstance(result.meta.get("val"), torch.Tensor):
             continue
         for g, o in zip(shape_exprs(grad.meta["val"]), shape_exprs(result.meta["val"])):
-            if g in inputs and sympy.simplify(renamed(g, names) - renamed(o, names)) != 0:
+            if g in inputs and not _same_size(renamed(g, names), renamed(o, names)):
                 raise TraceError(f"{req.reference_file}:{req.reference_func}",
                                  f"the gradient of an output of size {o} was traced with the size of an input ({g})")
+
+
+def _same_size(a, b) -> bool:
+    """Whether two size expressions are one size: equal once simplified, or, for the floor divisions sympy leaves
+    as they are (N**2 // N, from a view of (N·N, ...) back to (N, N, ...)), equal at two sets of distinct primes."""
+    if sympy.simplify(a - b) == 0:
+        return True
+    free = sorted(sympy.sympify(a - b).free_symbols, key=str)
+    return all(_at(a - b, dict(zip(free, primes))) == 0 for primes in ((5, 7, 11, 13, 17, 19, 23, 29, 31, 37),
+                                                                         (41, 43, 47, 53, 59, 61, 67, 71, 73, 79)))
 
 
 def check_size_relations(req: Request, traced: TracedOp) -> None:
@@ -400,7 +419,7 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
     _gradient_sizes_met(req, traced)
     symbols = {s: sympy.Symbol(s, integer=True, positive=True) for s in req.symbols}
     _no_chance_units(req, traced, symbols)
-    for gm in (traced.forward, traced.joint):
+    for gm in (traced.forward, traced.backward_graph):
         env = shape_env_of(gm) if gm is not None else None
         if env is None:
             continue
@@ -550,23 +569,31 @@ def _trace_at(req: Request, fn, binding: dict) -> TracedOp:
     if len(fused) == 1:  # one graph when there is no float attribute: its regions serve as both
         fused *= 2
     used = _bind_attributes(req, fwd_a, fwd_b)
-    joint = fused_joint = None
+    joint_probe, fused_joint = (lambda: None), None
     grad_inputs = [s.name for s in req.inputs if s.requires_grad]
+
+    def trace_joint():
+        g_a, g_b = _trace_pair(req, fn, tensors, outs)
+        return g_a, _bind_attributes(req, g_a, g_b)
+
     if req.backward and any(o.is_floating_point() for o in outs):  # indices alone have no gradient
         if not grad_inputs:
             raise TraceError(f"{REQUEST_FILE}: backward", "backward: true but no input requires grad")
-        joint, joint_b = _trace_pair(req, fn, tensors, outs)
-        used |= _bind_attributes(req, joint, joint_b)
-        if all(fused):
-            fused_joint = _fused_joint(req, fn, tensors, outs, *fused)
+        if all(fused):  # the backward is planned from this one: the reference's own joint is traced when read
+            fused_joint, attrs = _fused_joint(req, fn, tensors, outs, *fused)
+            joint_probe = lambda: trace_joint()[0]  # noqa: E731
+        else:
+            joint, attrs = trace_joint()
+            joint_probe = lambda: joint  # noqa: E731
+        used |= attrs
     runtime = [a.name for a in req.attributes if a.name in used]
-    return TracedOp(fwd_a, joint, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
+    return TracedOp(fwd_a, joint_probe, [s.name for s in req.inputs], names, grad_inputs, output_like, runtime,
                     binding, lambda: leading_dimensions(req, fn, binding), fused_joint)
 
 
-def _fused_joint(req: Request, fn, tensors, outs, fused_a: tuple, fused_b: tuple) -> torch.fx.GraphModule:
+def _fused_joint(req: Request, fn, tensors, outs, fused_a: tuple, fused_b: tuple) -> tuple:
     """The joint traced from the forward graphs (default and perturbed attributes) with each attention region
-    as `opforge::attention`, so that its backward is one op too."""
+    as `opforge::attention`, so that its backward is one op too; and the float attributes it reads."""
     (gm_a, regions_a), (gm_b, regions_b) = fused_a, fused_b
     placeholders = gm_a.graph.find_nodes(op="placeholder")
     records = []
@@ -577,9 +604,9 @@ def _fused_joint(req: Request, fn, tensors, outs, fused_a: tuple, fused_b: tuple
         records.append(TracedAttention(ra.score, kinds, sizes, placeholders, sorted(attrs)))
     forwards = [lambda ts, gm=gm: tuple(RunFused(gm).run(*ts)) for gm in (gm_a, gm_b)]
     joint, joint_b = _trace_pair(req, fn, tensors, outs, forwards=forwards)
-    _bind_attributes(req, joint, joint_b)
+    used = _bind_attributes(req, joint, joint_b)
     prepare_joint(joint, records)
-    return joint
+    return joint, used
 
 
 def leading_dimensions(req: Request, fn, binding: dict) -> dict | None:
