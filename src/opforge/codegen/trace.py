@@ -17,8 +17,10 @@ from typing import Callable
 
 import sympy
 import torch
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext, is_concrete_int
 
 from opforge.codegen.attention import side_kind
 from opforge.codegen.attention_grad import RunFused, TracedAttention, fused_forward, prepare_joint
@@ -204,13 +206,30 @@ def run_reference(req: Request, fn, tensors, attrs):
         raise TraceError(where, f"the reference raised {type(exc).__name__}: {exc}") from None
 
 
+def _fake_args(req: Request, args) -> list:
+    """The tensors make_fx traces with, made fake here instead of by make_fx: a size the request writes as a
+    number (a 3x3 kernel, a module's channels) stays that number, where make_fx would give it a symbol of its
+    own and every size derived from it a longer expression to simplify and guard. Other sizes, and those of the
+    outputs' gradients after the inputs, are symbols, one per distinct value, as make_fx makes them."""
+    mode = FakeTensorMode(allow_fallback_kernels=False, shape_env=ShapeEnv())
+    fakes = []
+    for i, t in enumerate(args):
+        dims = req.inputs[i].shape if i < len(req.inputs) else [None] * t.dim()
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC if isinstance(d, int) else DimDynamic.DUCK
+                                                          for d in dims])
+        fake = mode.from_tensor(t, source=ConstantSource(f"input{i}"), symbolic_context=context)
+        with mode:  # the reference's device: its ops and the graph's values are the CPU's
+            fakes.append(fake.to("cpu"))
+    return fakes
+
+
 def _make_fx(req: Request, f, args):
     where = f"{req.reference_file}:{req.reference_func}"
     try:
         # fake tensors' dispatch cache costs more than it saves on symbolic shapes traced once (half the time of
         # an attention block's joint)
         with SizeSafeFunctionals() as mode, torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
-            gm = make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*args)
+            gm = make_fx(f, tracing_mode="symbolic", decomposition_table=DECOMPOSITIONS)(*_fake_args(req, args))
         gm.meta["einsums"] = mode.einsums
     except InputError:
         raise
@@ -233,7 +252,9 @@ def _refuse_fixed_sizes(req: Request, gm: torch.fx.GraphModule, where: str) -> N
             if not isinstance(dim, int) and is_concrete_int(size):
                 raise TraceError(where, f"the trace fixed dimension {dim} of {spec.name} at {int(size)}: the "
                                         "reference reads it as a Python int (int(), .item(), a size in Python "
-                                        "control flow); use tensor sizes as they are, so that it stays symbolic")
+                                        "control flow), or ties it to a size the request writes as a number (a "
+                                        "weight's channels); use tensor sizes as they are, so that it stays "
+                                        f"symbolic, or write {dim} as the number it must be")
 
 
 def _trace_pair(req: Request, fn, tensors, outs=None, forwards=None):
@@ -264,7 +285,8 @@ def _trace_pair(req: Request, fn, tensors, outs=None, forwards=None):
              for a in req.attributes}
     args = list(tensors)
     if grads:  # the outputs' gradients, shaped and strided as the outputs (their values are never read)
-        args += [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype) for o in outs if o.is_floating_point()]
+        args += [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta") for o in outs
+                 if o.is_floating_point()]
     g_a = _make_fx(req, build(defaults, forwards and forwards[0]), args)
     # the second trace finds the constants that follow a float attribute: without one it would be the first again
     floats = moved != defaults
@@ -388,8 +410,7 @@ def _gradient_sizes_met(req: Request, traced: TracedOp) -> None:
     inputs = {e for n in placeholders[:len(req.inputs)] for e in shape_exprs(n.meta["val"])
               if isinstance(e, sympy.Symbol)}
     results = list(gm.graph.find_nodes(op="output")[0].args[0])
-    # 'G*4' is 4*G: a size the shapes tie is no chance meeting; a size written as a number is that number
-    names = {**_literal_dims(gm, req), **symbol_map(gm, req, products=True)}
+    names = symbol_map(gm, req, products=True)  # 'G*4' is 4*G: a size the shapes tie is no chance meeting
     for grad, result in zip(placeholders[len(req.inputs):], results):
         if not hasattr(result, "meta") or not isinstance(result.meta.get("val"), torch.Tensor):
             continue
@@ -423,7 +444,7 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
         env = shape_env_of(gm) if gm is not None else None
         if env is None:
             continue
-        names = {**_literal_dims(gm, req), **symbol_map(gm, req, products=True)}
+        names = symbol_map(gm, req, products=True)
         step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
         bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
                     for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
@@ -451,17 +472,6 @@ def _at(expr, binding: dict) -> float:
     """An expression's value at a binding; NaN (no comparison holds) where symbols are left."""
     v = sympy.sympify(sympy.sympify(expr).xreplace(binding))
     return float(v) if v.is_number else math.nan
-
-
-def _literal_dims(gm, req: Request) -> dict:
-    """Graph shape symbols of the dimensions the request writes as numbers (a 3x3 kernel) -> those numbers: make_fx
-    gives them symbols too, and a guard over them (a pooled size of 1) is a relation of the request's symbols."""
-    out = {}
-    for spec, node in zip(req.inputs, gm.graph.find_nodes(op="placeholder")):
-        for d, e in zip(spec.shape, shape_exprs(node.meta["val"])):
-            if isinstance(d, int) and isinstance(e, sympy.Symbol):
-                out[e] = sympy.Integer(d)
-    return out
 
 
 def _no_chance_units(req: Request, traced: TracedOp, symbols: dict) -> None:
@@ -526,10 +536,10 @@ def _in_user_terms(req: Request, binding: dict, exc: TraceError) -> TraceError:
 
 
 def trace_inputs(req: Request, binding: dict[str, int]) -> list[torch.Tensor]:
-    """Inputs to trace with: make_fx reads their shapes, strides and dtypes only, so they are left uninitialised
-    (a reference with large fixed weights is traced without drawing or computing on them)."""
+    """Inputs to trace with, on the meta device: make_fx reads their shapes, strides and dtypes only (a reference
+    with large fixed weights is traced without memory for them; `_fake_args` gives them back their device)."""
     return [torch.empty(req.input_shape(spec, binding), dtype=getattr(torch, spec.dtypes[0]) if spec.index
-                        else torch.float32) for spec in req.inputs]
+                        else torch.float32, device="meta") for spec in req.inputs]
 
 
 def _on_meta(tensors, dtype=None) -> list[torch.Tensor]:
