@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from opforge.codegen.build import generate_impl, plan_request
+from opforge.codegen.build import generate_impl, kernels_of, plan_request
 from opforge.codegen.ops import markdown_table
 from opforge.codegen.plan import Unsupported
 from opforge.request import load_request
@@ -49,6 +49,12 @@ UNSEEN = {
                                 "v": [["N", "N", "S", "D"], True]}, {},
                                "return torch.nn.functional.scaled_dot_product_attention(q, k, v)",
                                [{"N": 2, "S": 16, "D": 16}, {"N": 3, "S": 32, "D": 16}]),
+    # per-channel work before and after a group norm runs on the norm's view of the groups
+    "linear_group_norm_swish": ({"x": [["N", 16], True], "w": [[32, 16], True], "bias": [[32], True],
+                                 "m": [[32], True]}, {},
+                                "g = torch.nn.functional.group_norm(torch.nn.functional.linear(x, w, bias) * m, 4)"
+                                "\n    return g * torch.sigmoid(g) * m",
+                                [{"N": 5}, {"N": 3}]),
     "softcap": ({"x": [["N", "M"], True]}, {"cap": 30.0},
                 "return torch.tanh(x / cap) * cap", [{"N": 5, "M": 7}, {"N": 17, "M": 300}]),
     "l2_normalize": ({"x": [["N", "D"], True]}, {"eps": 1e-12},
@@ -202,6 +208,30 @@ def check_against_float64(req, op, bindings: list[dict], seed: int) -> None:
                 assert a.shape == b.shape and a.dtype == dtype
                 scale = float(b.detach().abs().max()) if b.numel() else 1.0
                 torch.testing.assert_close(a.detach().double(), b.detach(), rtol=rtol, atol=rtol * scale)
+
+
+def test_per_channel_work_around_a_group_norm_runs_on_its_groups(tmp_path):
+    # a convolution's bias and scale before the norm, a scale after it: one row kernel after the convolution,
+    # its per-channel vectors read in the groups' view (forward only: the backward of work before the norm is not
+    # planned yet)
+    inputs = {"x": [["N", 3, "H", "W"], False], "w": [[8, 3, 3, 3], False], "b": [[8, 1, 1], False],
+              "s": [[8, 1, 1], False], "gw": [[8], False], "gb": [[8], False], "t": [[8, 1, 1], False]}
+    body = ("y = torch.sigmoid((torch.nn.functional.conv2d(x, w) + b) * s)\n"
+            "    return torch.nn.functional.group_norm(y, 2, gw, gb, 1e-5) * t")
+    bindings = [{"N": 2, "H": 6, "W": 5}, {"N": 1, "H": 9, "W": 4}]
+    path = write_request(tmp_path, "conv_affine_group_norm", inputs, {}, body, bindings)
+    (path / "request.yaml").write_text((path / "request.yaml").read_text().replace("backward: true",
+                                                                                    "backward: false"))
+    req = load_request(path)
+    build = plan_request(req)
+    assert [type(k).__name__ for k in kernels_of(build.forward)] == ["RowPlan"]
+    op = getattr(load_impl(tmp_path / "conv_affine_impl.py", generate_impl(req, build)), req.name)
+    ref, gen = req.load_reference(), torch.Generator().manual_seed(3)
+    for binding in bindings:
+        ins = [torch.randn(req.input_shape(s, binding), generator=gen, dtype=torch.float64) for s in req.inputs]
+        for dtype, rtol in ((torch.float32, 2e-5), (torch.bfloat16, 2e-2)):
+            got, want = op(*[t.to(dtype) for t in ins]), ref(*[t.to(dtype).double() for t in ins])
+            torch.testing.assert_close(got.double(), want, rtol=rtol, atol=rtol * float(want.abs().max()))
 
 
 REFUSED = {

@@ -13,6 +13,7 @@ import functools
 import math
 import operator
 
+import sympy
 import torch
 import torch.nn.functional as F
 from torch._decomp import get_decompositions
@@ -837,6 +838,108 @@ def _on_rows(op, view, rows_of: set, graph):
         else:
             return None
     return tuple(out)
+
+
+def _channel_split(view) -> bool:
+    """A view of (N, C, ...) as (N, G, C/G, ...): a group norm's groups apart, the channels split in two."""
+    if view.op != "call_function" or view.target not in RESHAPES or not isinstance(view.args[0], torch.fx.Node):
+        return False
+    src, out = view.args[0].meta.get("val"), view.meta.get("val")
+    if not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dim() >= 2 and
+            out.dim() == src.dim() + 1):
+        return False
+    if str(src.shape[0]) != str(out.shape[0]) or str(list(src.shape[2:])) != str(list(out.shape[3:])):
+        return False
+    return sympy.expand(expr_of(out.shape[1]) * expr_of(out.shape[2]) - expr_of(src.shape[1])) == 0
+
+
+def _grouped_operands(op, full, grouped_sizes: list, graph, before) -> tuple | None:
+    """`op`'s arguments in the grouped shape: a value of the full (N, C, ...) shape viewed `grouped_sizes`, one
+    value per channel ([C, 1, 1], [1, C, 1, 1]) viewed (G, C/G, 1, ...), one value as it is. None when another
+    operand does not line up with the channels."""
+    shape = full.meta["val"].shape
+    out = []
+    for a in op.args:
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(a, torch.fx.Node) or (isinstance(val, torch.Tensor) and all(str(d) == "1" for d in
+                                                                                        val.shape)):
+            out.append(a)
+            continue
+        if not isinstance(val, torch.Tensor) or val.dim() > len(shape):
+            return None
+        padded = [1] * (len(shape) - val.dim()) + list(val.shape)
+        if str(padded) == str(list(shape)):
+            sizes = grouped_sizes
+        elif str(padded[1]) == str(shape[1]) and all(str(d) == "1" for i, d in enumerate(padded) if i != 1):
+            sizes = [1] * (val.dim() - len(shape) + 1) + grouped_sizes[1:3] + [1] * (len(shape) - 2)
+        else:
+            return None
+        out.append(_insert(graph, before, aten.view.default, (a, sizes)))
+    return tuple(out)
+
+
+def group_channel_views(gm: torch.fx.GraphModule) -> None:
+    """Per-channel work around a group norm (a convolution's bias and scale before it, an affine after it) runs
+    on the grouped view (N, G, C/G, ...) the norm reduces over: the view moves above each pointwise op before it,
+    and the view back below each one after it, their per-channel operands viewed (G, C/G, 1, ...). The row
+    planner's walk over the groups then reads every operand in its order; in the (N, C, ...) shape a channel's
+    vector lines up with no walk over groups."""
+    graph = gm.graph
+    moved = True
+    while moved:
+        moved = False
+        for view in list(graph.nodes):
+            if view.op != "call_function" or view.target not in RESHAPES:
+                continue
+            if _channel_split(view):  # the split of op(...)'s result: op on the split operands instead
+                op = view.args[0]
+                rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
+                if rule is None or rule.kind != POINTWISE:
+                    continue
+                after = view.next
+                args = _grouped_operands(op, op, list(view.args[1]), graph, after)
+                if args is None:
+                    continue
+                with graph.inserting_before(after):
+                    grouped = graph.call_function(op.target, args, op.kwargs)
+                grouped.meta["val"] = _fake(op.target, args, op.kwargs)
+                view.replace_all_uses_with(grouped)
+                graph.erase_node(view)
+                moved = True
+            elif isinstance(view.args[0], torch.fx.Node) and _channel_split_back(view):
+                src = view.args[0]
+                for op in list(view.users):  # op(view back, ...) on the grouped values, viewed back after it
+                    rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
+                    if rule is None or rule.kind != POINTWISE or str(op.meta["val"].shape) != str(
+                            view.meta["val"].shape):
+                        continue
+                    sizes = [d if isinstance(d, int) else _insert(graph, op, aten.sym_size.int, (src, i))
+                             for i, d in enumerate(src.meta["val"].shape)]
+                    args = _grouped_operands(op, view, sizes, graph, op)
+                    if args is None:
+                        continue
+                    grouped = _insert(graph, op, op.target, args)
+                    if op.kwargs:
+                        grouped.kwargs = op.kwargs
+                        grouped.meta["val"] = _fake(op.target, args, op.kwargs)
+                    back = _insert(graph, op, view.target, (grouped, view.args[1]))
+                    op.replace_all_uses_with(back)
+                    graph.erase_node(op)
+                    moved = True
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+
+
+def _channel_split_back(view) -> bool:
+    """The view back: (N, G, C/G, ...) as (N, C, ...)."""
+    src, out = view.args[0].meta.get("val"), view.meta.get("val")
+    if not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and out.dim() >= 2 and
+            src.dim() == out.dim() + 1):
+        return False
+    if str(src.shape[0]) != str(out.shape[0]) or str(list(out.shape[2:])) != str(list(src.shape[3:])):
+        return False
+    return sympy.expand(expr_of(src.shape[1]) * expr_of(src.shape[2]) - expr_of(out.shape[1])) == 0
 
 
 def _contiguous(node) -> bool:

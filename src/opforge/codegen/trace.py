@@ -30,6 +30,7 @@ from opforge.codegen.decompose import (
     drop_full_slices,
     factor_column_sums,
     fold_reshapes,
+    group_channel_views,
     interleaved_gradients,
     lifted_scalars,
     negated_sizes,
@@ -308,6 +309,7 @@ def _trace_pair(req: Request, fn, tensors, outs=None, forwards=None):
         interleaved_gradients(gm)  # after fold_reshapes: the sizes it compares are read off the views
         sink_row_views(gm)
         views_onto_inputs(gm)
+        group_channel_views(gm)
     return g_a, g_b
 
 
