@@ -840,17 +840,19 @@ def _on_rows(op, view, rows_of: set, graph):
     return tuple(out)
 
 
-def _channel_split(view) -> bool:
-    """A view of (N, C, ...) as (N, G, C/G, ...): a group norm's groups apart, the channels split in two."""
+def _channel_split(view, back: bool = False) -> bool:
+    """A view of (N, C, ...) as (N, G, C/G, ...): a group norm's groups apart, the channels split in two; with
+    `back`, the view back."""
     if view.op != "call_function" or view.target not in RESHAPES or not isinstance(view.args[0], torch.fx.Node):
         return False
-    src, out = view.args[0].meta.get("val"), view.meta.get("val")
-    if not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dim() >= 2 and
-            out.dim() == src.dim() + 1):
+    flat, grouped = view.args[0].meta.get("val"), view.meta.get("val")
+    flat, grouped = (grouped, flat) if back else (flat, grouped)
+    if not (isinstance(flat, torch.Tensor) and isinstance(grouped, torch.Tensor) and flat.dim() >= 2 and
+            grouped.dim() == flat.dim() + 1):
         return False
-    if str(src.shape[0]) != str(out.shape[0]) or str(list(src.shape[2:])) != str(list(out.shape[3:])):
+    if str(flat.shape[0]) != str(grouped.shape[0]) or str(list(flat.shape[2:])) != str(list(grouped.shape[3:])):
         return False
-    return sympy.expand(expr_of(out.shape[1]) * expr_of(out.shape[2]) - expr_of(src.shape[1])) == 0
+    return sympy.expand(expr_of(grouped.shape[1]) * expr_of(grouped.shape[2]) - expr_of(flat.shape[1])) == 0
 
 
 def _grouped_operands(op, full, grouped_sizes: list, graph, before) -> tuple | None:
@@ -906,7 +908,7 @@ def group_channel_views(gm: torch.fx.GraphModule) -> None:
                 view.replace_all_uses_with(grouped)
                 graph.erase_node(view)
                 moved = True
-            elif isinstance(view.args[0], torch.fx.Node) and _channel_split_back(view):
+            elif _channel_split(view, back=True):
                 src = view.args[0]
                 for op in list(view.users):  # op(view back, ...) on the grouped values, viewed back after it
                     rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
@@ -929,17 +931,6 @@ def group_channel_views(gm: torch.fx.GraphModule) -> None:
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()
-
-
-def _channel_split_back(view) -> bool:
-    """The view back: (N, G, C/G, ...) as (N, C, ...)."""
-    src, out = view.args[0].meta.get("val"), view.meta.get("val")
-    if not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and out.dim() >= 2 and
-            src.dim() == out.dim() + 1):
-        return False
-    if str(src.shape[0]) != str(out.shape[0]) or str(list(out.shape[2:])) != str(list(src.shape[3:])):
-        return False
-    return sympy.expand(expr_of(src.shape[1]) * expr_of(src.shape[2]) - expr_of(out.shape[1])) == 0
 
 
 def _contiguous(node) -> bool:
