@@ -22,13 +22,13 @@ import inspect
 import json
 import re
 import resource
-import statistics
 import subprocess
 import time
 from pathlib import Path
 
 import torch
 import yaml
+from bench_op_plan import seconds_summary  # this folder is on the path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_LIMIT = 10 << 30
@@ -214,9 +214,8 @@ def main() -> int:
         print(f"  {n:4d}  {op}")
     times = [r["seconds"] for r in rows if "seconds" in r]
     if times:
-        print(f"op plan per reference, {args.batch} to a process and {args.workers} processes at once: median "
-              f"{statistics.median(times):.2f} s, slowest {max(times):.2f} s, {sum(t > 3.0 for t in times)} of "
-              f"{len(times)} over 3 s (each process's start, about 2.5 s of imports, not counted)")
+        print(f"op plan per reference, {args.batch} to a process and {args.workers} processes at once: "
+              f"{seconds_summary(times)} (each process's start, about 2.5 s of imports, not counted)")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "not_converted": failed}, indent=2, default=str))
     return 0

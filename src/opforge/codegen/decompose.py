@@ -813,11 +813,15 @@ def _row_view(view, rows_of: set) -> bool:
         str(val.shape[-1]) == str(src.meta["val"].shape[-1])
 
 
+def _pointwise(node) -> bool:
+    rule = OP_TABLE.get(op_name(node.target)) if node.op == "call_function" else None
+    return rule is not None and rule.kind == POINTWISE
+
+
 def _on_rows(op, view, rows_of: set, graph):
     """`op`'s arguments on the product's rows, or None when `op` is no pointwise op of the view and inputs that
     have its rows, broadcast along them, or are one value."""
-    rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
-    if rule is None or rule.kind != POINTWISE or str(op.meta["val"].shape) != str(view.meta["val"].shape):
+    if not _pointwise(op) or str(op.meta["val"].shape) != str(view.meta["val"].shape):
         return None
     shape, lead = view.meta["val"].shape, str(list(view.meta["val"].shape[:-1]))
     out = []
@@ -891,39 +895,28 @@ def group_channel_views(gm: torch.fx.GraphModule) -> None:
     while moved:
         moved = False
         for view in list(graph.nodes):
-            if view.op != "call_function" or view.target not in RESHAPES:
-                continue
             if _channel_split(view):  # the split of op(...)'s result: op on the split operands instead
                 op = view.args[0]
-                rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
-                if rule is None or rule.kind != POINTWISE:
+                if not _pointwise(op):
                     continue
                 after = view.next
                 args = _grouped_operands(op, op, list(view.args[1]), graph, after)
                 if args is None:
                     continue
-                with graph.inserting_before(after):
-                    grouped = graph.call_function(op.target, args, op.kwargs)
-                grouped.meta["val"] = _fake(op.target, args, op.kwargs)
-                view.replace_all_uses_with(grouped)
+                view.replace_all_uses_with(_insert(graph, after, op.target, args, op.kwargs))
                 graph.erase_node(view)
                 moved = True
             elif _channel_split(view, back=True):
                 src = view.args[0]
                 for op in list(view.users):  # op(view back, ...) on the grouped values, viewed back after it
-                    rule = OP_TABLE.get(op_name(op.target)) if op.op == "call_function" else None
-                    if rule is None or rule.kind != POINTWISE or str(op.meta["val"].shape) != str(
-                            view.meta["val"].shape):
+                    if not _pointwise(op) or str(op.meta["val"].shape) != str(view.meta["val"].shape):
                         continue
                     sizes = [d if isinstance(d, int) else _insert(graph, op, aten.sym_size.int, (src, i))
                              for i, d in enumerate(src.meta["val"].shape)]
                     args = _grouped_operands(op, view, sizes, graph, op)
                     if args is None:
                         continue
-                    grouped = _insert(graph, op, op.target, args)
-                    if op.kwargs:
-                        grouped.kwargs = op.kwargs
-                        grouped.meta["val"] = _fake(op.target, args, op.kwargs)
+                    grouped = _insert(graph, op, op.target, args, op.kwargs)
                     back = _insert(graph, op, view.target, (grouped, view.args[1]))
                     op.replace_all_uses_with(back)
                     graph.erase_node(op)
@@ -1024,11 +1017,11 @@ def _val(a):
     return a.meta["val"] if isinstance(a, torch.fx.Node) else a
 
 
-def _insert(graph: torch.fx.Graph, before, target, args) -> torch.fx.Node:
-    """A new node computing target(*args) before `before`, with its fake value for the planners."""
+def _insert(graph: torch.fx.Graph, before, target, args, kwargs=None) -> torch.fx.Node:
+    """A new node computing target(*args, **kwargs) before `before`, with its fake value for the planners."""
     with graph.inserting_before(before):
-        new = graph.call_function(target, args)
-    new.meta["val"] = _fake(target, args)
+        new = graph.call_function(target, args, kwargs)
+    new.meta["val"] = _fake(target, args, kwargs)
     return new
 
 

@@ -422,14 +422,18 @@ def _gradient_sizes_met(req: Request, traced: TracedOp) -> None:
                                  f"the gradient of an output of size {o} was traced with the size of an input ({g})")
 
 
+# Two sets of distinct primes, sizes at which an expression of up to eight symbols is tried: a relation that holds at
+# both (or two expressions equal at both) is no coincidence of the values chosen
+_PRIMES = ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))
+
+
 def _same_size(a, b) -> bool:
     """Whether two size expressions are one size: equal once simplified, or, for the floor divisions sympy leaves
     as they are (N**2 // N, from a view of (N·N, ...) back to (N, N, ...)), equal at two sets of distinct primes."""
     if sympy.simplify(a - b) == 0:
         return True
     free = sorted(sympy.sympify(a - b).free_symbols, key=str)
-    return all(_at(a - b, dict(zip(free, primes))) == 0 for primes in ((5, 7, 11, 13, 17, 19, 23, 29, 31, 37),
-                                                                         (41, 43, 47, 53, 59, 61, 67, 71, 73, 79)))
+    return all(_at(a - b, dict(zip(free, primes))) == 0 for primes in _PRIMES)
 
 
 def check_size_relations(req: Request, traced: TracedOp) -> None:
@@ -448,8 +452,7 @@ def check_size_relations(req: Request, traced: TracedOp) -> None:
             continue
         names = symbol_map(gm, req, products=True)
         step = math.lcm(1, *(c for _, c in group_divisions(graph_shapes(gm), names)))
-        bindings = [{x: step * p for x, p in zip(symbols.values(), primes)}
-                    for primes in ((5, 7, 11, 13, 17, 19, 23, 29), (31, 37, 41, 43, 47, 53, 59, 61))]
+        bindings = [{x: step * p for x, p in zip(symbols.values(), primes)} for primes in _PRIMES]
         # only where the reference runs: a size it derives (a strided convolution's width) may be 0 or less at
         # the smaller ones, and its guards hold only for sizes it takes
         derived = [renamed(e, names) for e in set(graph_shapes(gm)) if getattr(e, "free_symbols", None)]
