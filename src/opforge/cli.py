@@ -173,7 +173,7 @@ def _plan_one(request_dir: Path, cost: bool) -> dict:
     start = time.perf_counter()
     req = load_request(request_dir)
     traced = trace_request(req)  # stage 1's trace, without the spec's probes a plan does not read
-    report, build = explore(req, traced, with_cost=cost)
+    report, build = explore(req, traced, with_cost=cost, with_ops=False)
     passes = {name: [plan_summary(k) for k in kernels_of(plan)]
               for name, plan in (("forward", build and build.forward), ("backward", build and build.backward)) if plan}
     return {"op": req.name, "request": str(request_dir), "buildable": build is not None,

@@ -730,13 +730,15 @@ def _components(nodes: list) -> list[list]:
             if a in part and n not in apart:
                 part[root(a)] = root(n)
     space: dict = {}  # a group's root -> the shape it runs over: that of the largest value it reads or makes
+    env = shape_env_of(nodes[0].graph.owning_module) if nodes else None
     for n in nodes:
         r = root(n)
         for v in [n] + [a for a in n.all_input_nodes if not _symbolic(a)]:
             val = v.meta["val"]
             if not isinstance(val, torch.Tensor):  # an op of several results: refused by name when planned
                 continue
-            if r not in space or val.numel() > space[r].numel():
+            # compared at the traced sizes: comparing the SymInts would have the shape env prove it (and guard)
+            if r not in space or _numel_hint(val, env) > _numel_hint(space[r], env):
                 space[r] = val
     readers: dict = {}  # an outside input -> the groups reading it
     for n in nodes:
@@ -754,6 +756,10 @@ def _components(nodes: list) -> list[list]:
     for n in nodes:
         groups.setdefault(root(n), []).append(n)
     return list(groups.values())
+
+
+def _numel_hint(val: torch.Tensor, env) -> int:
+    return hint(sympy.Mul(*(expr_of(d) for d in val.shape)), env) or 0
 
 
 def _widens(n, members) -> bool:

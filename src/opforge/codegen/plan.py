@@ -10,6 +10,7 @@ that needs a finished reduction would need a second pass over the data; this pla
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -193,7 +194,13 @@ def _numel(val) -> sympy.Expr:
     n = sympy.Integer(1)
     for d in val.shape:
         n = n * (d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(int(d)))
-    return sympy.simplify(n)
+    return _simplified(n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _simplified(expr: sympy.Expr) -> sympy.Expr:
+    """sympy.simplify, once per expression: a graph's kernels ask it of the same few sizes again and again."""
+    return sympy.simplify(expr)
 
 
 def _literal(v) -> str | None:
@@ -269,7 +276,7 @@ def plan_kernel(name: str, gm: torch.fx.GraphModule, input_names: list[str], out
             return True
         if n == 1:
             return False
-        if sympy.simplify(n - domain) == 0:
+        if _simplified(n - domain) == 0:
             return True
         raise Unsupported([op_name(node.target) if node.op == "call_function" else node.name],
                           f"value {node.name} of shape {list(node.meta['val'].shape)} is neither the full "

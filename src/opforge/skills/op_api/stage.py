@@ -304,12 +304,15 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
     return "\n".join(lines)
 
 
-def explore(req: Request, traced=None, with_cost: bool = True) -> tuple[dict, object]:
-    """Stage 2 in memory: every op of both graphs mapped to Triton, the plan (None when the engine cannot build
-    the request) and, with `with_cost`, the cost model at the P0 shapes. Returns (report, build)."""
+def explore(req: Request, traced=None, with_cost: bool = True, with_ops: bool = True) -> tuple[dict, object]:
+    """Stage 2 in memory: every op of both graphs mapped to Triton (`with_ops`: the table reads the reference's
+    own joint, which a plan from the fused-attention joint does not otherwise trace), the plan (None when the
+    engine cannot build the request) and, with `with_cost`, the cost model at the P0 shapes. Returns
+    (report, build)."""
     traced = traced or trace_request(req)
-    rows = _op_rows(traced)
-    graphs = [traced.forward] + ([traced.backward_graph] if traced.joint is not None else [])
+    rows = _op_rows(traced) if with_ops else []
+    backward = traced.backward_graph if req.backward else None
+    graphs = [traced.forward] + ([backward] if backward is not None else [])
     unsupported = sorted({op for g in graphs for op in unsupported_ops(g.graph)})
     why = "no Triton lowering for"
     build = None
