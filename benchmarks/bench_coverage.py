@@ -5,7 +5,12 @@ problem, the share that builds, the ops that block the rest, most frequent first
 Asserts nothing.
 
     .venv/bin/python benchmarks/bench_coverage.py PROBLEM_DIR [PROBLEM_DIR...] [--out DIR] [--backward] [--json F]
-        [--batch K] [--workers N]
+        [--batch K] [--workers N] [--build N]
+
+With `--build N`, a fixed sample of N problems that lower is then built end to end (`opforge op run --quick`: the
+seven stages, Level 0 at the p0 shapes scaled down) and each is checked against float64 by the precision stage:
+the problems at evenly spaced places of the sweep's order among those whose fixed sizes (the module's
+parameters, which the quick run cannot scale down) hold at most QUICK_ELEMENTS elements per input.
 
 The conversion: the forward's tensor arguments, the module's parameters and its buffers are the request's inputs
 (parameters learnable, buffers not); a size that a parameter or buffer also has is written as a number, every
@@ -20,6 +25,7 @@ import collections
 import concurrent.futures
 import inspect
 import json
+import math
 import re
 import resource
 import subprocess
@@ -32,7 +38,11 @@ from bench_op_plan import seconds_summary  # this folder is on the path when run
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_LIMIT = 10 << 30
+# a build's compile check allocates (and never touches) the inputs and outputs at the P0 shapes: address space
+BUILD_MEMORY_LIMIT = 20 << 30
 TIME_LIMIT = 300
+BUILD_TIME_LIMIT = 1800  # one end-to-end build in the Triton interpreter
+QUICK_ELEMENTS = 1 << 16  # what a quick run scales each input down to
 SYMBOLS = "NCDHWLMKPQRSTUVXYZ"
 WRAPPER = '''
 
@@ -141,9 +151,9 @@ def convert(path: Path, out: Path, backward: bool) -> Path:
     return d
 
 
-def _limit_memory() -> None:
+def _limit_memory(limit: int = MEMORY_LIMIT) -> None:
     # a reference traced at its own (large) sizes must not take the machine down with it
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _row(request, row: dict) -> dict:
@@ -171,6 +181,43 @@ def _plan(requests: list[Path]) -> list[dict]:
     return [_row(req, row) for req, row in zip(requests, rows if len(requests) > 1 else [rows])]
 
 
+def build_sample(rows: list[dict], n: int) -> list[Path]:
+    """N of the requests that lower, evenly spaced in the sweep's order, among those a quick run can scale down
+    to QUICK_ELEMENTS per input (an input whose every size is fixed by the module cannot be scaled)."""
+    def small(request: Path) -> bool:
+        doc = yaml.safe_load((request / "request.yaml").read_text())
+        fixed = [[d for d in spec["shape"] if isinstance(d, int)] for spec in doc["inputs"].values()]
+        return all(math.prod(dims) <= QUICK_ELEMENTS for dims in fixed)
+
+    eligible = [Path(r["request"]) for r in rows if r["buildable"] and small(Path(r["request"]))]
+    if n >= len(eligible):
+        return eligible
+    return [eligible[round(i * (len(eligible) - 1) / max(1, n - 1))] for i in range(n)]
+
+
+def build(request: Path, out: Path) -> dict:
+    """`opforge op run --quick` on one request, in its own process: the terminal status and the precision
+    stage's counts (its cases compare every output with the float64 golden)."""
+    ws = out / "workspaces" / request.name
+    cmd = [str(ROOT / ".venv" / "bin" / "opforge"), "op", "run", str(request), "--out", str(ws), "--force",
+           "--quick", "--json"]
+    start = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=BUILD_TIME_LIMIT,
+                           preexec_fn=lambda: _limit_memory(BUILD_MEMORY_LIMIT))
+        state = json.loads(r.stdout)
+        status, reason = state["terminal"]["status"], state["terminal"]["reason"]
+    except subprocess.TimeoutExpired:
+        status, reason = "TIMEOUT", f"over {BUILD_TIME_LIMIT} s"
+    except json.JSONDecodeError:
+        status, reason = "ERROR", (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    precision = ws / "precision.json"
+    summary = json.loads(precision.read_text())["summary"] if precision.exists() else {}
+    return {"request": request.name, "seconds": round(time.perf_counter() - start, 1), "status": status,
+            "reason": reason, "cases": summary.get("total"), "passed": summary.get("passed"),
+            "failed": summary.get("failed"), "matches_float64": bool(summary.get("all_passed"))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path, help="folders of problem files")
@@ -179,6 +226,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the rows here too")
     ap.add_argument("--workers", type=int, default=2, help="processes planning at once")
     ap.add_argument("--batch", type=int, default=10, help="requests planned one after another in each process")
+    ap.add_argument("--build", type=int, default=0, metavar="N",
+                    help="then build a fixed sample of N lowered problems end to end (quick) against float64")
     args = ap.parse_args()
     requests, failed = [], {}
     for folder in args.dirs:
@@ -216,8 +265,21 @@ def main() -> int:
     if times:
         print(f"op plan per reference, {args.batch} to a process and {args.workers} processes at once: "
               f"{seconds_summary(times)} (each process's start, about 2.5 s of imports, not counted)")
+    builds = []
+    if args.build:
+        sample = build_sample(rows, args.build)
+        print(f"\nbuilding {len(sample)} of them end to end (op run --quick), one after another:")
+        for request in sample:
+            b = build(request, args.out)
+            builds.append(b)
+            cases = f"{b['passed']} of {b['cases']} precision cases pass" if b["cases"] else "no precision report"
+            why = "" if b["status"] == "SUCCESS" else f" ({b['reason']})"
+            print(f"{b['request']:60.60s} {b['seconds']:7.1f} s  {b['status']}: {cases}{why}", flush=True)
+        good = sum(b["status"] == "SUCCESS" and b["matches_float64"] for b in builds)
+        print(f"{good} of {len(builds)} build end to end and match float64")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "not_converted": failed}, indent=2, default=str))
+        args.json.write_text(json.dumps({"rows": rows, "not_converted": failed, "builds": builds}, indent=2,
+                                        default=str))
     return 0
 
 

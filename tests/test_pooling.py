@@ -62,6 +62,16 @@ def test_pooling_builds_and_matches_float64(tmp_path, name):
     check_against_float64(req, getattr(impl, name), bindings, seed=11)
 
 
+def test_design_describes_a_pooling_kernel(tmp_path):
+    from opforge.skills.op_design.stage import _kernel_md
+
+    inputs, body, bindings = POOLS["max3d"]
+    req = load_request(write_request(tmp_path, "max3d", inputs, {}, body, bindings))
+    build = plan_request(req)
+    text = "\n".join(line for p in (build.forward, build.backward) for k in p.kernels for line in _kernel_md(k))
+    assert "max pooling over 3 dimensions (kernel" in text and "the gradient of max pooling" in text
+
+
 def test_max_pool_saves_its_indices_and_needs_no_bounds_checks_without_padding(tmp_path):
     """max_pool2d(relu(x), 2) * 2: the pooling is one kernel between two glue kernels, and it writes the
     indices, which the backward's one pooling kernel gathers by without reading the input again. Windows that

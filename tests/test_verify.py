@@ -200,6 +200,20 @@ def test_quick_p0_scales_each_shape_down_to_the_interpreters_size():
     assert quick_p0([{"N": 70000, "M": 1}], numel) == [{"N": 35000, "M": 1}]  # odd sizes round up
 
 
+def test_level1_keeps_a_volume_small_where_one_symbol_sizes_three_dimensions():
+    from opforge.verify.cases import LEVEL1_ELEMENTS, largest_input, level1_cases
+
+    spec = {"inputs": [{"shape": ["N", 48, "S", "S", "S"]}, {"shape": [48, 48, 3, 3, 3]}]}
+    numel = largest_input(spec)
+    plain = level1_cases(["float32"], ["N", "S"], {})
+    scaled = level1_cases(["float32"], ["N", "S"], {}, numel)
+    assert max(numel(c["binding"]) for c in plain) > 10 * LEVEL1_ELEMENTS  # 129³ voxels of 48 channels
+    assert max(numel(c["binding"]) for c in scaled) <= LEVEL1_ELEMENTS
+    assert len({c["id"] for c in scaled}) == len(scaled)  # bindings scaled down to one are one case
+    # the small cases are kept as they are
+    assert {"N": 1, "S": 1} in [c["binding"] for c in scaled] and {"N": 3, "S": 5} in [c["binding"] for c in scaled]
+
+
 def test_where_the_float32_reference_overflows_any_overflow_of_the_kernel_is_accepted():
     from opforge.verify.cases import overflow_truth
 

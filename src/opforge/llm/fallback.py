@@ -13,7 +13,7 @@ import json
 from opforge.codegen.build import numel_of
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.trace import trace_request
-from opforge.verify.cases import level0_cases, level1_cases
+from opforge.verify.cases import largest_input, level0_cases, level1_cases
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
@@ -88,7 +88,7 @@ def design_stage(ws: Workspace, req, state) -> StageOutcome:
     spec = json.loads(ws.path("spec.json").read_text())
     l0 = level0_cases(spec["supported_dtypes"], spec["p0_shapes"])
     l1 = level1_cases(spec["supported_dtypes"], spec["dynamic_axes"],
-                      {k: spec["default_params"][k] for k in spec["runtime_params"]})
+                      {k: spec["default_params"][k] for k in spec["runtime_params"]}, largest_input(spec))
     ops = state.options.get("model_ops", [])
     design = {"op_name": req.name,
               "kernels": [{"kernel": f"{req.name} forward", "written_by": "model engine, stage 5", "ops": ops}] +

@@ -51,6 +51,7 @@ SPREAD_SAMPLES = 16
 # shipped blocks over several programs, as the GPU does; on a GPU every case runs them.
 SHIPPED_BLOCKS_UP_TO = 1 << 16
 INTERPRETER_BLOCKS = {"BLOCK": 32768, "TILE": 65536}
+LEVEL1_ELEMENTS = 1 << 22  # Level 1 is about odd sizes, not large ones: its largest input is kept under this
 
 
 def quick_p0(p0: list[dict], numel: Callable[[dict], int], limit: int = SHIPPED_BLOCKS_UP_TO) -> list[dict]:
@@ -68,20 +69,24 @@ def quick_p0(p0: list[dict], numel: Callable[[dict], int], limit: int = SHIPPED_
     return out
 
 
+def largest_input(spec: dict) -> Callable[[dict], int]:
+    """The elements of SPEC's largest input at a binding."""
+    return lambda b: max(math.prod(dim_size(d, b) for d in i["shape"]) for i in spec["inputs"])
+
+
 def level0_bindings(spec: dict, quick: bool) -> list[dict]:
     """The shapes Level 0 runs at: SPEC's p0, or for a quick run those scaled down (stage 4 and the gate
     G5-TEST-COVERAGE both ask here)."""
     if not quick:
         return spec["p0_shapes"]
-    return quick_p0(spec["p0_shapes"], lambda b: max(math.prod(dim_size(d, b) for d in i["shape"])
-                                                     for i in spec["inputs"]))
+    return quick_p0(spec["p0_shapes"], largest_input(spec))
 
 
 def generic_binding(spec: dict) -> dict:
     """Distinct, unremarkable sizes (33, 37, 41, ...) for tests that need some shape, scaled down like a quick
     P0 so that the largest input stays small: five symbols of 4-D attention inputs would be 10⁸ elements."""
     start = {s: 33 + 4 * i for i, s in enumerate(spec["dynamic_axes"])}
-    return quick_p0([start], lambda b: max(math.prod(dim_size(d, b) for d in i["shape"]) for i in spec["inputs"]))[0]
+    return quick_p0([start], largest_input(spec))[0]
 
 
 def level0_cases(dtypes: list[str], p0: list[dict]) -> list[dict]:
@@ -93,14 +98,18 @@ def _shape_id(binding: dict) -> str:
     return "x".join(f"{k}{v}" for k, v in binding.items())
 
 
-def level1_cases(dtypes: list[str], symbols: list[str], attrs: dict[str, float]) -> list[dict]:
-    """Shapes that are not block multiples, one element, empty; each distribution; the breakers."""
+def level1_cases(dtypes: list[str], symbols: list[str], attrs: dict[str, float],
+                 numel: Callable[[dict], int] | None = None) -> list[dict]:
+    """Shapes that are not block multiples, one element, empty; each distribution; the breakers. With `numel`
+    (the largest input's elements at a binding), a binding over LEVEL1_ELEMENTS is scaled down as a quick P0 is:
+    a symbol that sizes several dimensions (a volume's depth, height and width) makes a 129 a 129³."""
     def bind(*sizes):
         # the sizes go to the last symbols (the rows and columns of most operators); earlier ones (batch, heads)
         # get 2, so that a rank-4 operator's case stays as small as a rank-2 one's
         lead = len(symbols) - len(sizes)
-        return {s: (sizes[i - lead] if i >= lead else (2 if min(sizes) > 1 else min(sizes)))
-                for i, s in enumerate(symbols)}
+        b = {s: (sizes[i - lead] if i >= lead else (2 if min(sizes) > 1 else min(sizes)))
+             for i, s in enumerate(symbols)}
+        return quick_p0([b], numel, LEVEL1_ELEMENTS)[0] if numel else b
 
     odd = [bind(1), bind(3, 5), bind(37, 129), bind(129, 1031)]
     cases = []
@@ -117,13 +126,15 @@ def level1_cases(dtypes: list[str], symbols: list[str], attrs: dict[str, float])
         if attrs:
             moved = {k: (v / 16.0 if abs(v) > 1 else v * 10.0) for k, v in attrs.items()}
             cases.append({"binding": bind(19, 67), "dtype": dt, "distribution": "normal", "attrs": moved})
+    out = {}
     for c in cases:
         tags = [c["distribution"]] + [k for k in ("edges", "nonfinite") if c.get(k)]
         tags += [c["scalars"]] if c.get("scalars") else []
         tags += ["attrs"] if c.get("attrs") else []
         c["id"] = f"L1-{c['dtype']}-{_shape_id(c['binding'])}-{'-'.join(tags)}"
         c["level"] = 1
-    return cases
+        out.setdefault(c["id"], c)  # two bindings scaled down to one are one case
+    return list(out.values())
 
 
 def build_inputs(golden, case: dict, seed: int) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from opforge.codegen.plan import KernelPlan
 from opforge.codegen.pooling import PoolStage, pool_text
 from opforge.codegen.rows import RowPlan
 from opforge.request import Request
-from opforge.verify.cases import level0_bindings, level0_cases, level1_cases
+from opforge.verify.cases import largest_input, level0_bindings, level0_cases, level1_cases
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
@@ -165,6 +165,11 @@ def _kernel_md(plan) -> list[str]:
                         "gradient is −Σ exp(sink − lse)·Δ, summed per head in a fixed order;")
         lines.append("")
         return lines
+    if s["layout"] == "pooling":
+        lines.insert(2, f"- {s['pooling']} Windows that reach past the input's edge read only their elements inside "
+                        "it (masked loads);")
+        lines.append("")
+        return lines
     if s["layout"] == "rows":
         it = s["iteration"]
         lines.insert(2, f"- iteration space: {it['rows']} rows × {it['cols']} columns; a program owns BLOCK_R rows;")
@@ -255,7 +260,7 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     p0 = level0_bindings(spec, bool(state.options.get("quick")))  # quick: scaled down, for a first run
     l0 = level0_cases(spec["supported_dtypes"], p0)
     l1 = level1_cases(spec["supported_dtypes"], spec["dynamic_axes"],
-                      {k: spec["default_params"][k] for k in spec["runtime_params"]})
+                      {k: spec["default_params"][k] for k in spec["runtime_params"]}, largest_input(spec))
     passes = [build.forward] + ([build.backward] if build.backward else [])
     binding, dtype = req.p0[0], req.dtypes[0]
     eager = eager_cost(req, binding, dtype)
