@@ -31,6 +31,7 @@ from opforge.hosts.cli import hooks_app, init_cmd, skills_app
 from opforge.llm.cli import draft_cmd
 from opforge.skills.api_consistency.command import api_consistency
 from opforge.skills.ci_fix.command import ci_fix_command
+from opforge.skills.graph_diagnose.command import graph_app
 from opforge.skills.op_adapt.command import op_adapt_command
 from opforge.skills.op_test.command import op_test_app
 from opforge.skills.pr_analysis.command import pr_analysis_command
@@ -50,6 +51,7 @@ app.add_typer(skills_app, name="skills")
 app.add_typer(hooks_app, name="hooks")
 app.add_typer(bench_app, name="bench")
 app.add_typer(backend_app, name="backend")
+app.add_typer(graph_app, name="graph")
 app.command("init")(init_cmd)
 
 out_console = Console()  # results: status and gate tables

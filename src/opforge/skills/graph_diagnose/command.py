@@ -1,0 +1,63 @@
+"""`opforge graph diagnose SCRIPT [-- ARGS...] --out DIR`: the script run as it is, without compiling, and up the
+backend ladder, each in a child process; one conclusion of five, its layer, the evidence and the next action.
+Exit 0 when the script runs clean, 1 with a finding, 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from opforge.errors import InputError, report_error
+from opforge.workspace import check_out_folder, os_error
+
+graph_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                        help="torch.compile problems: where and why a graph fails, layer by layer")
+progress_console = Console(stderr=True)
+
+
+def _fail(where: str, what: str, as_json: bool) -> None:
+    report_error(typer.echo, where, what, 2, as_json=as_json)
+    raise typer.Exit(2)
+
+
+@graph_app.command("diagnose", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def graph_diagnose(
+    ctx: typer.Context,
+    script: Path = typer.Argument(..., help="the Python script that uses torch.compile (its arguments after --)"),
+    out: Path = typer.Option(..., "--out", help="folder for analysis.md, result.json, repro.py and steps/"),
+    backend: str = typer.Option(None, "--backend", help="the backend under diagnosis (default: the script's own)"),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds each step may run"),
+    memory_gb: float = typer.Option(None, "--memory-gb", min=0.1, help="address-space limit for each step"),
+    as_json: bool = typer.Option(False, "--json", help="print result.json"),
+):
+    """Find where and why torch.compile fails in a script: user code, framework bug, operator, runtime or
+    environment, with the layer, the evidence and the next action."""
+    from opforge.skills.graph_diagnose.diagnose import diagnose
+    from opforge.skills.graph_diagnose.report import summary_line, write_result
+
+    try:
+        if not script.is_file():
+            raise InputError(str(script), "no such script" if not script.exists() else "is not a file")
+        if script.suffix != ".py":
+            raise InputError(str(script), "is not a Python script (.py)")
+        check_out_folder(out, "the folder to write the diagnosis in")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(out, exc) from None
+    except InputError as exc:
+        _fail(exc.where, exc.what, as_json)
+    with progress_console.status("as-is") as status:
+        result = diagnose(script.resolve(), list(ctx.args), backend=backend, timeout=timeout, memory_gb=memory_gb,
+                          progress=lambda step: status.update(f"{script.name}: step {step}"))
+    write_result(out, result)
+    if as_json:
+        typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
+    else:
+        typer.echo(summary_line(result))
+        typer.echo(f"next: {result['next_action']}")
+        typer.echo(f"wrote {out / 'analysis.md'}")
+    raise typer.Exit(0 if result["conclusion"] == "clean" else 1)

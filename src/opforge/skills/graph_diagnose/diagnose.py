@@ -1,0 +1,237 @@
+"""The backend ladder and the conclusion: run the script as it is, then with its torch.compile backends
+swapped for eager, aot_eager, aot_eager_decomp_partition (each adds one layer: Dynamo, AOTAutograd, the
+decompositions and the partitioner), and without compiling at all; the first step that fails names the layer,
+and the error's signature (signatures.yaml) the conclusion and the next action."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition")
+# the layer a failure belongs to when it first shows at a step: each step adds one to the one before it
+LAYER_OF_STEP = {"eager": "dynamo", "aot_eager": "aot_autograd", "aot_eager_decomp_partition": "aot_autograd",
+                 "no-compile": "user"}
+CONCLUSIONS = ("user_code", "framework_bug", "operator", "runtime", "environment")
+GB_URL = re.compile(r"/gb/gb(\d{4})\.html", re.I)
+USER_FRAME = re.compile(r'from user code:\s*\n\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+@functools.cache
+def signatures() -> list[dict]:
+    """The rules, in order, each with the group (what it protects) it came from."""
+    doc = yaml.safe_load((Path(__file__).with_name("signatures.yaml")).read_text())
+    return [{**rule, "group": group, "pattern": re.compile(rule["match"], re.S)}
+            for group, rules in doc.items() for rule in rules]
+
+
+@functools.cache
+def graph_break_registry() -> dict:
+    """Dynamo's graph-break registry, shipped in the wheel: GB id -> type, explanation and hints."""
+    import torch._dynamo
+
+    path = Path(torch._dynamo.__file__).with_name("graph_break_registry.json")
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@dataclass
+class Step:
+    name: str  # as-is, no-compile, or a backend
+    status: str  # ok | failed | timeout
+    seconds: float
+    exit_code: int | None
+    exception: dict | None
+    backends: list[str] = field(default_factory=list)  # those the script passed to torch.compile (as-is only)
+    log: str = ""
+
+
+def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb: float | None = None,
+             env: dict | None = None) -> Step:
+    """The script in a child process with one step of the ladder; the user's environment otherwise."""
+    with tempfile.TemporaryDirectory(prefix="opforge-graph-") as tmp:
+        record = Path(tmp) / "record.json"
+        cmd = [sys.executable, "-m", "opforge.skills.graph_diagnose.child", step, str(record), str(script), *args]
+        limit = int(memory_gb * (1 << 30)) if memory_gb else None
+        start = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=script.parent,
+                               env={**os.environ, **(env or {})},
+                               preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+                               if limit else None)
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+            return Step(step, "timeout", round(time.perf_counter() - start, 2), None, None, log=out)
+        seconds = round(time.perf_counter() - start, 2)
+        outcome = json.loads(record.read_text()) if record.exists() else {}
+    exc = outcome.get("exception")
+    if exc is None and r.returncode != 0 and not outcome:  # killed before it could write (a signal, the OOM killer)
+        exc = {"type": "signal" if r.returncode < 0 else "exit", "message": f"the process ended with {r.returncode}"
+               + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""), "frames": []}
+    status = "ok" if r.returncode == 0 else "failed"
+    return Step(step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr)
+
+
+def match_signature(exception: dict | None) -> tuple[dict | None, dict]:
+    """The first rule whose pattern is in the exception's text, and the evidence its named groups caught."""
+    if not exception:
+        return None, {}
+    text = f"{exception['type']}: {exception['message']}"
+    for rule in signatures():
+        m = rule["pattern"].search(text)
+        if m:
+            return rule, {k: v for k, v in m.groupdict().items() if v}
+    return None, {}
+
+
+def user_line(exception: dict, script: Path) -> dict | None:
+    """Where in the user's code: Dynamo's "from user code" block, else the innermost frame outside the
+    installed packages (the script's folder first)."""
+    m = USER_FRAME.search(exception.get("message", ""))
+    if m:
+        return {"file": m["file"], "line": int(m["line"])}
+    frames = [f for f in exception.get("frames", []) if "site-packages" not in f["file"]
+              and not f["file"].startswith("<") and "opforge/skills/graph_diagnose" not in f["file"]]
+    mine = [f for f in frames if Path(f["file"]).resolve().parent == script.resolve().parent] or frames
+    if not mine:
+        return None
+    f = mine[-1]
+    return {"file": f["file"], "line": f["line"], "function": f["function"], "code": f["code"]}
+
+
+def framework_frame(exception: dict) -> dict | None:
+    """The innermost frame inside torch: where a framework failure surfaced."""
+    inside = [f for f in exception.get("frames", []) if "/torch/" in f["file"]]
+    return inside[-1] if inside else None
+
+
+def graph_break(exception: dict | None) -> dict | None:
+    m = GB_URL.search(exception.get("message", "")) if exception else None
+    if not m:
+        return None
+    gb_id = f"GB{m[1]}"
+    entry = (graph_break_registry().get(gb_id) or [{}])[0]
+    return {"id": gb_id, "type": entry.get("Gb_type"), "explanation": entry.get("Explanation"),
+            "hints": entry.get("Hints", [])}
+
+
+def _line_text(where: dict | None) -> str:
+    if not where:
+        return ""
+    if where.get("code"):
+        return where["code"]
+    try:
+        return Path(where["file"]).read_text().splitlines()[where["line"] - 1].strip()
+    except (OSError, IndexError):
+        return ""
+
+
+def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeout: float = 120.0,
+             memory_gb: float | None = None, progress=None) -> dict:
+    """Run the ladder on one script and conclude. Returns the result as result.json holds it (the steps' logs
+    under `steps`, each with its text)."""
+    def step(name: str) -> Step:
+        if progress:
+            progress(name)
+        s = run_step(script, args, name, timeout, memory_gb)
+        steps.append(s)
+        return s
+
+    steps: list[Step] = []
+    first = step("as-is")
+    if first.status == "ok":
+        return _result(script, args, steps, None, "clean", None, {}, None)
+    plain = step("no-compile")
+    compiled = bool(first.backends) or plain.status == "ok"
+    failing = first
+    if plain.status != "ok" and (not compiled or _same_failure(plain, first)):
+        failing = plain  # it fails without torch.compile too: not a graph-mode problem
+        layer = "runtime" if plain.status == "timeout" else "user"
+    else:
+        layer = None
+        for name in LADDER:
+            if name == backend:
+                break
+            s = step(name)
+            if s.status != "ok":
+                failing, layer = s, LAYER_OF_STEP[name]
+                break
+        if layer is None:  # every generic step passes: the script's own backend is where it fails
+            own = backend or (first.backends[0] if first.backends else "inductor")
+            layer = own if own != "inductor" else "inductor"
+    rule, caught = match_signature(failing.exception)
+    return _result(script, args, steps, failing, None, rule, caught, layer)
+
+
+def _same_failure(a: Step, b: Step) -> bool:
+    if a.status == "timeout" or b.status == "timeout":
+        return a.status == b.status
+    return bool(a.exception and b.exception and a.exception["type"] == b.exception["type"])
+
+
+def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -> dict:
+    base = {"script": str(script), "args": args,
+            "steps": [{"step": s.name, "status": s.status, "seconds": s.seconds, "exit_code": s.exit_code,
+                       "exception": _short(s.exception), "log": s.log} for s in steps]}
+    if verdict == "clean":
+        return {**base, "conclusion": "clean", "layer": None, "located": None, "rule": None, "evidence": {},
+                "graph_break": None, "next_action": "Nothing to fix: the script runs to the end as it is."}
+    exc = failing.exception
+    where = user_line(exc, script) if exc else None
+    if where:
+        where = {**where, "code": _line_text(where)}
+    evidence = {"step": failing.name, "exception": _short(exc), "user_line": where, **caught}
+    if failing.status == "timeout":
+        conclusion = "user_code" if failing.name == "no-compile" else "framework_bug"
+        layer = ladder_layer
+        advice = (f"The script did not finish within the time limit at step {failing.name}"
+                  + (" (without compiling too): the hang is in the script itself." if failing.name == "no-compile"
+                     else "; it finishes without compiling: a compile-time or compiled-code hang in "
+                     f"{ladder_layer}. Rerun with TORCH_LOGS=+dynamo,graph_breaks to see where it stops."))
+        rule_id, located = "timeout", False
+    elif rule is not None:
+        conclusion = rule["conclusion"]
+        layer = rule["layer"] or ladder_layer
+        names = {"operator": caught.get("operator", "the operator"),
+                 "name": caught.get("operator", "op").split("::")[-1].split(".")[0],
+                 "module": caught.get("module", "the module"), "setting": caught.get("setting", "")}
+        advice, rule_id, located = rule["advice"].format(**names), rule["id"], None
+        if conclusion == "framework_bug":
+            located = True
+    else:  # a failure in a layer no rule explains: the framework, found at the ladder's step
+        conclusion, layer, rule_id = "framework_bug", ladder_layer, None
+        frame = framework_frame(exc) if exc else None
+        located = frame is not None
+        if frame:
+            evidence["framework_frame"] = frame
+        advice = (f"It fails first at step {failing.name} ({ladder_layer}) with an error no known signature "
+                  f"explains: report it with repro.py; until then run with backend "
+                  f"'{_last_passing(failing.name)}', which works.")
+    if conclusion == "framework_bug" and failing.name == "no-compile":
+        conclusion = "user_code"
+    return {**base, "conclusion": conclusion, "layer": layer, "located": located if conclusion == "framework_bug"
+            else None, "rule": rule_id, "evidence": evidence, "graph_break": graph_break(exc),
+            "next_action": advice, "failing_step": failing.name}
+
+
+def _last_passing(step: str) -> str:
+    order = list(LADDER)
+    return order[order.index(step) - 1] if step in order and order.index(step) > 0 else "eager"
+
+
+def _short(exc: dict | None) -> dict | None:
+    """The exception as the result shows it: its type and the first lines of its message."""
+    if not exc:
+        return None
+    lines = exc["message"].strip().splitlines()
+    return {"type": exc["type"], "message": "\n".join(lines[:6]), "cause": exc.get("cause")}

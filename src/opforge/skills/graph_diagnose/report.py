@@ -1,0 +1,102 @@
+"""What `graph diagnose` writes: result.json, analysis.md, a standalone repro.py, and each step's log under
+steps/ (all written atomically)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opforge.workspace.atomic import write_json_atomic, write_text_atomic
+
+WORDS = {"clean": "runs clean", "user_code": "a user code problem", "framework_bug": "a framework bug",
+         "operator": "an operator problem", "runtime": "a runtime problem", "environment": "an environment problem"}
+
+REPRO_HEADER = '''"""Reproduces what `opforge graph diagnose` found: {conclusion} at step {step}.
+Run it as the original was run: python repro.py {args}
+"""
+import torch
+
+_compile = torch.compile
+
+
+def _with_backend(model=None, **kwargs):  # every torch.compile of the script below runs with this backend
+    kwargs["backend"] = {backend!r}
+    kwargs.pop("mode", None)
+    kwargs.pop("options", None)
+    return _compile(model, **kwargs) if model is not None else _compile(**kwargs)
+
+
+{swap}
+# ---- the original script, {script} ----
+'''
+
+
+def write_result(out: Path, result: dict) -> None:
+    steps = out / "steps"
+    steps.mkdir(parents=True, exist_ok=True)
+    for i, s in enumerate(result["steps"], 1):
+        write_text_atomic(steps / f"{i:02d}_{s['step']}.log", s["log"])
+    slim = {**result, "steps": [{k: v for k, v in s.items() if k != "log"} | {"log": f"steps/{i:02d}_{s['step']}.log"}
+                                for i, s in enumerate(result["steps"], 1)]}
+    write_json_atomic(out / "result.json", slim)
+    write_text_atomic(out / "analysis.md", analysis_md(slim))
+    if result["conclusion"] != "clean":
+        write_text_atomic(out / "repro.py", repro_py(result))
+
+
+def repro_py(result: dict) -> str:
+    script = Path(result["script"])
+    step = result["failing_step"]
+    backend = step if step not in ("as-is", "no-compile") else None
+    swap = "torch.compile = _with_backend" if backend else ("torch.compiler.set_stance('force_eager')"
+                                                              if step == "no-compile" else "")
+    header = REPRO_HEADER.format(conclusion=WORDS[result["conclusion"]], step=step, args=" ".join(result["args"]),
+                                 backend=backend or "inductor", swap=swap, script=script.name)
+    return header + script.read_text()
+
+
+def analysis_md(result: dict) -> str:
+    c = result["conclusion"]
+    lines = [f"# graph diagnose: {Path(result['script']).name}", "",
+             f"**Conclusion: {WORDS[c]}**" + (f" (`{c}`), layer `{result['layer']}`" if c != "clean" else "")
+             + ("" if result.get("located") is None else f", {'located' if result['located'] else 'not located'}")
+             + ".", ""]
+    if c != "clean":
+        ev = result["evidence"]
+        lines += ["## Evidence", ""]
+        if ev.get("exception"):
+            lines += [f"- at step `{ev['step']}`: `{ev['exception']['type']}`", "", "```",
+                      ev["exception"]["message"], "```", ""]
+        if ev.get("user_line"):
+            u = ev["user_line"]
+            lines.append(f"- your code: `{u['file']}:{u['line']}`" + (f": `{u['code']}`" if u.get("code") else ""))
+        for key, label in (("operator", "operator"), ("setting", "setting"), ("module", "module")):
+            if ev.get(key):
+                lines.append(f"- {label}: `{ev[key]}`")
+        if ev.get("framework_frame"):
+            f = ev["framework_frame"]
+            lines.append(f"- where it surfaced in torch: `{f['file']}:{f['line']}` ({f['function']})")
+        if result.get("rule"):
+            lines.append(f"- signature: `{result['rule']}`")
+        lines.append("")
+        gb = result.get("graph_break")
+        if gb:
+            lines += [f"## Graph break {gb['id']}: {gb['type']}", "", gb["explanation"] or "", "",
+                      *[f"- hint: {h.strip()}" for h in gb["hints"]], ""]
+    lines += ["## Next action", "", result["next_action"], "", "## The ladder", "",
+              "| step | status | seconds | error |", "|---|---|---|---|"]
+    for s in result["steps"]:
+        err = s["exception"]["type"].rsplit(".", 1)[-1] if s.get("exception") else ""
+        lines.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {err} |")
+    lines += ["", "Each step ran the script in a child process; its output is in the step's log "
+              "(`steps/`). " + ("`repro.py` reruns the failing step on its own." if c != "clean" else ""), ""]
+    return "\n".join(lines)
+
+
+def summary_line(result: dict) -> str:
+    if result["conclusion"] == "clean":
+        return f"{Path(result['script']).name}: runs clean ({len(result['steps'])} step)"
+    where = result["evidence"].get("user_line")
+    at = f" at {Path(where['file']).name}:{where['line']}" if where else ""
+    op = f", operator {result['evidence']['operator']}" if result["evidence"].get("operator") else ""
+    return (f"{Path(result['script']).name}: {WORDS[result['conclusion']]} in {result['layer']}{at}{op} "
+            f"(step {result['failing_step']})")

@@ -1,0 +1,151 @@
+"""graph diagnose on scripts with real torch.compile problems: each script runs in child processes up the
+backend ladder, and the conclusion, the layer and the evidence are read back from result.json."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opforge.cli import app
+
+SCRIPTS = {
+    "branch": '''
+        import torch
+
+        @torch.compile(fullgraph=True)
+        def f(x):
+            if x.sum() > 0:
+                return x * 2
+            return x - 1
+
+        print(f(torch.randn(8)))
+    ''',
+    "no_fake": '''
+        import torch
+
+        @torch.library.custom_op("diag::twice", mutates_args=())
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x.clone() * 2
+
+        @torch.compile(fullgraph=True, backend="aot_eager")
+        def f(x):
+            return twice(x).sin()
+
+        print(f(torch.randn(8)).sum())
+    ''',
+    "wrong_fake": '''
+        import torch
+
+        @torch.library.custom_op("diag::head", mutates_args=())
+        def head(x: torch.Tensor) -> torch.Tensor:
+            return x[:4].clone()
+
+        @head.register_fake
+        def _(x):
+            return x.new_empty(x.shape)
+
+        @torch.compile
+        def f(x):
+            return head(x) + 1
+
+        print(f(torch.randn(8, 3)).sum())
+    ''',
+    "gelu": '''
+        import torch
+
+        @torch.compile
+        def f(x):
+            return torch.nn.functional.gelu(x) * 2
+
+        print(f(torch.randn(64)).sum())
+    ''',
+    "clean": '''
+        import torch
+
+        print(torch.compile(lambda x: x + 1, backend="eager")(torch.ones(3)))
+    ''',
+    "host_oom": '''
+        import torch
+
+        x = torch.empty(1 << 50)  # a petabyte of floats: the host refuses it, compiled or not
+    ''',
+    "hang": '''
+        import time
+
+        while True:
+            time.sleep(0.1)
+    ''',
+}
+
+
+def diagnose(tmp_path: Path, name: str, *extra) -> tuple[int, dict]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(SCRIPTS[name]).lstrip())
+    res = CliRunner().invoke(app, ["graph", "diagnose", str(script), "--out", str(tmp_path / "out"), *extra])
+    assert res.exit_code in (0, 1), res.output
+    return res.exit_code, json.loads((tmp_path / "out" / "result.json").read_text())
+
+
+def test_a_data_dependent_branch_under_fullgraph_is_the_users_code_at_its_line(tmp_path):
+    code, r = diagnose(tmp_path, "branch")
+    assert code == 1 and (r["conclusion"], r["layer"], r["rule"]) == ("user_code", "dynamo", "data-dependent-branch")
+    assert r["evidence"]["user_line"]["line"] == 5 and r["evidence"]["user_line"]["code"] == "if x.sum() > 0:"
+    assert r["graph_break"]["id"] == "GB0170" and r["graph_break"]["type"] == "Data-dependent branching"  # registry
+    assert [s["step"] for s in r["steps"]] == ["as-is", "no-compile", "eager"]  # it fails at Dynamo already
+    out = tmp_path / "out"
+    assert "GB0170" in (out / "analysis.md").read_text() and (out / "steps" / "03_eager.log").read_text()
+
+
+def test_a_custom_op_without_a_fake_kernel_is_an_operator_problem_named(tmp_path):
+    code, r = diagnose(tmp_path, "no_fake")
+    assert (r["conclusion"], r["layer"], r["evidence"]["operator"]) == ("operator", "fake", "diag::twice")
+    assert "twice.register_fake" in r["next_action"]
+    assert r["evidence"]["user_line"]["line"] == 9  # where the op is called in the compiled function
+
+
+def test_a_fake_kernel_with_the_wrong_shape_is_found_at_the_compiled_code(tmp_path):
+    code, r = diagnose(tmp_path, "wrong_fake")
+    assert (r["conclusion"], r["layer"], r["rule"]) == ("operator", "fake", "wrong-fake-shape")
+    assert "diag.head" in r["evidence"]["operator"]
+    # the generic backends run the real kernel after the fake one and never compare them: the ladder passes
+    assert [s["status"] for s in r["steps"][2:]] == ["ok", "ok", "ok"]
+
+
+def test_a_missing_cxx_compiler_is_the_environment_of_inductor(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    code, r = diagnose(tmp_path, "gelu")
+    assert (r["conclusion"], r["layer"], r["rule"]) == ("environment", "inductor", "no-cxx-compiler")
+    assert r["failing_step"] == "as-is" and all(s["status"] == "ok" for s in r["steps"][1:])
+    repro = (tmp_path / "out" / "repro.py").read_text()
+    compile(repro, "repro.py", "exec")  # a standalone script: the original below a header
+    assert "torch.nn.functional.gelu(x) * 2" in repro
+
+
+def test_a_script_that_runs_clean_is_reported_so(tmp_path):
+    code, r = diagnose(tmp_path, "clean")
+    assert code == 0 and r["conclusion"] == "clean" and len(r["steps"]) == 1
+    assert not (tmp_path / "out" / "repro.py").exists()
+
+
+def test_an_out_of_memory_without_compiling_is_a_runtime_problem(tmp_path):
+    code, r = diagnose(tmp_path, "host_oom")
+    assert (r["conclusion"], r["layer"], r["rule"]) == ("runtime", "runtime", "out-of-memory")
+    assert r["evidence"]["user_line"]["line"] == 3
+
+
+def test_a_hang_is_cut_at_the_time_limit_and_told(tmp_path):
+    code, r = diagnose(tmp_path, "hang", "--timeout", "4")
+    assert code == 1 and [s["status"] for s in r["steps"]] == ["timeout", "timeout"]
+    assert r["conclusion"] == "user_code" and "without compiling too" in r["next_action"]
+
+
+@pytest.mark.parametrize("name, words", [("missing.py", "no such script"), (".", "is not a file"),
+                                         ("notes.txt", "not a Python")])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, name, words):
+    (tmp_path / "notes.txt").write_text("")
+    res = CliRunner().invoke(app, ["graph", "diagnose", str(tmp_path / name), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
