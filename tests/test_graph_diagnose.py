@@ -4,6 +4,9 @@ backend ladder, and the conclusion, the layer and the evidence are read back fro
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -62,6 +65,29 @@ SCRIPTS = {
             return torch.nn.functional.gelu(x) * 2
 
         print(f(torch.randn(64)).sum())
+    ''',
+    "storm": '''
+        import torch
+
+        @torch.compile(backend="eager")
+        def f(x, name):
+            return x.sum(dim=0) * len(name)
+
+        for i in range(12):
+            f(torch.randn(8, 3), "a" * i)
+    ''',
+    "host_sync": '''
+        import torch
+
+        @torch.compile(backend="eager")
+        def f(x):
+            y = x.sin()
+            if y.sum().item() > 0:
+                y = y * 2
+            return y.cos()
+
+        for _ in range(2):
+            f(torch.randn(16))
     ''',
     "clean": '''
         import torch
@@ -149,4 +175,52 @@ def test_a_hang_is_cut_at_the_time_limit_and_told(tmp_path):
 def test_bad_input_is_one_line_and_exit_2(tmp_path, name, words):
     (tmp_path / "notes.txt").write_text("")
     res = CliRunner().invoke(app, ["graph", "diagnose", str(tmp_path / name), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
+
+
+def test_a_recompile_storm_names_the_guard_that_fails_every_call(tmp_path):
+    code, r = diagnose(tmp_path, "storm")
+    assert code == 1 and r["runs"] and (r["conclusion"], r["layer"], r["rule"]) == ("user_code", "dynamo",
+                                                                                     "recompile-limit")
+    assert r["evidence"]["user_line"]["line"] == 5 and r["evidence"]["guard"].startswith("name == ")
+    assert len(r["events"]["recompiles"]) == 8 and r["events"]["recompile_limits"][0]["limit"] == "recompile_limit"
+
+
+def test_graph_breaks_from_a_host_sync_are_found_in_a_run_that_finishes(tmp_path):
+    code, r = diagnose(tmp_path, "host_sync")
+    assert code == 1 and r["runs"] and (r["conclusion"], r["rule"]) == ("user_code", "graph-break")
+    assert r["evidence"]["user_line"]["line"] == 6 and r["graph_break"]["id"] == "GB0124"  # Tensor.item()
+    assert ".item()" in r["evidence"]["user_line"]["code"]
+
+
+def logs(tmp_path: Path, path: Path, *extra) -> tuple[int, dict]:
+    res = CliRunner().invoke(app, ["graph", "logs", str(path), "--out", str(tmp_path / "logs_out"), *extra])
+    assert res.exit_code in (0, 1), res.output
+    return res.exit_code, json.loads((tmp_path / "logs_out" / "result.json").read_text())
+
+
+def test_a_torch_logs_text_alone_gives_the_same_conclusion(tmp_path):
+    diagnose(tmp_path, "branch")  # its as-is step's log is TORCH_LOGS text with the traceback
+    code, r = logs(tmp_path, tmp_path / "out" / "steps" / "01_as-is.log")
+    assert (r["conclusion"], r["layer"], r["rule"]) == ("user_code", "dynamo", "data-dependent-branch")
+    assert r["evidence"]["user_line"]["line"] == 5 and r["graph_break"]["id"] == "GB0170"
+    assert r["events"]["error"]["type"] == "torch._dynamo.exc.Unsupported"
+
+
+def test_a_torch_trace_folder_is_read_through_tlparse(tmp_path):
+    script = tmp_path / "storm.py"
+    script.write_text(textwrap.dedent(SCRIPTS["storm"]).lstrip())
+    subprocess.run([sys.executable, str(script)], env={**os.environ, "TORCH_TRACE": str(tmp_path / "trace")},
+                   check=True, capture_output=True)
+    code, r = logs(tmp_path, tmp_path / "trace", "--json")
+    assert code == 1 and r["rule"] == "recompile-limit" and r["evidence"]["user_line"]["line"] == 5
+    compiles = r["events"]["compiles"]
+    assert len(compiles) == 9 and all(c["function"] in ("f", None) for c in compiles)  # 8 graphs, then the limit
+    assert all(c["seconds"] is not None for c in compiles[:8])
+
+
+@pytest.mark.parametrize("name, words", [("missing.log", "no such log"), ("empty", "holds no TORCH_TRACE log")])
+def test_logs_bad_input_is_one_line_and_exit_2(tmp_path, name, words):
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(app, ["graph", "logs", str(tmp_path / name), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output

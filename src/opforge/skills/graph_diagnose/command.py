@@ -61,3 +61,53 @@ def graph_diagnose(
         typer.echo(f"next: {result['next_action']}")
         typer.echo(f"wrote {out / 'analysis.md'}")
     raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
+
+
+@graph_app.command("logs")
+def graph_logs(
+    log: Path = typer.Argument(..., help="a TORCH_LOGS text log, a TORCH_TRACE log, or a TORCH_TRACE folder"),
+    out: Path = typer.Option(..., "--out", help="folder for analysis.md and result.json"),
+    as_json: bool = typer.Option(False, "--json", help="print result.json"),
+):
+    """The same conclusion from a log alone, anchored on the first causal error; graph breaks, recompiles (with
+    the guards that failed) and compilations as JSON events. Exit 0 nothing found, 1 a finding, 2 bad input."""
+    import tempfile
+
+    from opforge.skills.graph_diagnose.diagnose import conclude_log
+    from opforge.skills.graph_diagnose.logs import events, is_trace_log, trace_events
+    from opforge.skills.graph_diagnose.report import summary_line, write_result
+
+    try:
+        if not log.exists():
+            raise InputError(str(log), "no such log file or folder")
+        traces = sorted(log.glob("*.log")) if log.is_dir() else ([log] if is_trace_log(log) else [])
+        if log.is_dir() and not traces:
+            raise InputError(str(log), "holds no TORCH_TRACE log (*.log)")
+        check_out_folder(out, "the folder to write the analysis in")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(out, exc) from None
+        if traces:
+            with tempfile.TemporaryDirectory(prefix="opforge-tlparse-") as tmp:
+                try:
+                    ev = trace_events(traces, tmp)
+                except FileNotFoundError:
+                    raise InputError(str(log), "a TORCH_TRACE log is read through tlparse, which is not installed "
+                                               "(pip install tlparse)") from None
+        else:
+            try:
+                ev = events(log.read_text(errors="replace"))
+            except (OSError, UnicodeError) as exc:
+                raise InputError(str(log), f"cannot read it: {exc}") from None
+    except InputError as exc:
+        _fail(exc.where, exc.what, as_json)
+    result = conclude_log(ev, str(log))
+    write_result(out, result)
+    if as_json:
+        typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
+    else:
+        typer.echo(summary_line(result))
+        typer.echo(f"next: {result['next_action']}")
+        typer.echo(f"wrote {out / 'analysis.md'}")
+    raise typer.Exit(0 if result["conclusion"] == "clean" else 1)

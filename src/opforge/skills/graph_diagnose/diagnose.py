@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from opforge.skills.graph_diagnose.logs import events
+
 LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition")
 # the layer a failure belongs to when it first shows at a step: each step adds one to the one before it
 LAYER_OF_STEP = {"eager": "dynamo", "aot_eager": "aot_autograd", "aot_eager_decomp_partition": "aot_autograd",
@@ -29,11 +31,38 @@ USER_FRAME = re.compile(r'from user code:\s*\n\s*File "(?P<file>[^"]+)", line (?
 
 
 @functools.cache
+def _knowledge() -> dict:
+    return yaml.safe_load((Path(__file__).with_name("signatures.yaml")).read_text())
+
+
+@functools.cache
 def signatures() -> list[dict]:
-    """The rules, in order, each with the group (what it protects) it came from."""
-    doc = yaml.safe_load((Path(__file__).with_name("signatures.yaml")).read_text())
+    """The error signatures, in order, each with the group (where things go wrong) it came from."""
     return [{**rule, "group": group, "pattern": re.compile(rule["match"], re.S)}
-            for group, rules in doc.items() for rule in rules]
+            for group, rules in _knowledge()["signatures"].items() for rule in rules]
+
+
+def event_finding(ev: dict) -> dict | None:
+    """What a finished run's log events amount to: the first kind of event (recompile limit, recompiles,
+    graph breaks) that reaches its count, as a conclusion with its evidence and advice; None when none does."""
+    for kind, rule in _knowledge()["events"].items():
+        found = ev.get(kind) or []
+        if kind == "recompiles":  # counted per function: one recompile of each of many functions is no storm
+            by_fn: dict = {}
+            for r in found:
+                by_fn.setdefault((r["function"], r["file"]), []).append(r)
+            found = max(by_fn.values(), key=len, default=[])
+        if len(found) < rule["at_least"]:
+            continue
+        first = found[0]
+        where = first.get("user_line") or {"file": first["file"], "line": first["line"]}
+        words = {"count": len(found), "function": first.get("function") or "the function",
+                 "guard": first.get("guard") or "?", "reason": first.get("reason") or "", "limit": first.get("limit"),
+                 "value": first.get("value")}
+        return {"conclusion": rule["conclusion"], "layer": rule["layer"], "rule": rule["id"],
+                "advice": rule["advice"].format(**words), "user_line": where,
+                "gb_id": first.get("gb_id"), "guard": first.get("guard")}
+    return None
 
 
 @functools.cache
@@ -82,6 +111,12 @@ def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb
     return Step(step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr)
 
 
+def _logs_env() -> dict:
+    """TORCH_LOGS with graph breaks and recompiles added to what the user asked for."""
+    asked = [x for x in os.environ.get("TORCH_LOGS", "").split(",") if x.strip()]
+    return {"TORCH_LOGS": ",".join(dict.fromkeys(asked + ["graph_breaks", "recompiles"]))}
+
+
 def match_signature(exception: dict | None) -> tuple[dict | None, dict]:
     """The first rule whose pattern is in the exception's text, and the evidence its named groups caught."""
     if not exception:
@@ -94,7 +129,7 @@ def match_signature(exception: dict | None) -> tuple[dict | None, dict]:
     return None, {}
 
 
-def user_line(exception: dict, script: Path) -> dict | None:
+def user_line(exception: dict, script: Path | None = None) -> dict | None:
     """Where in the user's code: Dynamo's "from user code" block, else the innermost frame outside the
     installed packages (the script's folder first)."""
     m = USER_FRAME.search(exception.get("message", ""))
@@ -102,7 +137,7 @@ def user_line(exception: dict, script: Path) -> dict | None:
         return {"file": m["file"], "line": int(m["line"])}
     frames = [f for f in exception.get("frames", []) if "site-packages" not in f["file"]
               and not f["file"].startswith("<") and "opforge/skills/graph_diagnose" not in f["file"]]
-    mine = [f for f in frames if Path(f["file"]).resolve().parent == script.resolve().parent] or frames
+    mine = [f for f in frames if script and Path(f["file"]).resolve().parent == script.resolve().parent] or frames
     if not mine:
         return None
     f = mine[-1]
@@ -126,7 +161,7 @@ def graph_break(exception: dict | None) -> dict | None:
 
 
 def _line_text(where: dict | None) -> str:
-    if not where:
+    if not where or not where.get("file"):
         return ""
     if where.get("code"):
         return where["code"]
@@ -143,14 +178,23 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
     def step(name: str) -> Step:
         if progress:
             progress(name)
-        s = run_step(script, args, name, timeout, memory_gb)
+        s = run_step(script, args, name, timeout, memory_gb, env=_logs_env() if name == "as-is" else None)
         steps.append(s)
         return s
 
     steps: list[Step] = []
     first = step("as-is")
+    ev = events(first.log)
     if first.status == "ok":
-        return _result(script, args, steps, None, "clean", None, {}, None)
+        finding = event_finding(ev)
+        result = _result(script, args, steps, None, "clean", None, {}, None)
+        if finding:
+            result = _event_result(result, finding, ev)
+        elif ev["graph_breaks"] or ev["recompiles"]:
+            result["next_action"] = (f"Nothing to fix: the script runs to the end as it is ({len(ev['graph_breaks'])} "
+                                     f"graph break(s), {len(ev['recompiles'])} recompile(s), below what makes a "
+                                     "finding).")
+        return {**result, "events": ev}
     plain = step("no-compile")
     compiled = bool(first.backends) or plain.status == "ok"
     failing = first
@@ -170,7 +214,18 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
             own = backend or (first.backends[0] if first.backends else "inductor")
             layer = own if own != "inductor" else "inductor"
     rule, caught = match_signature(failing.exception)
-    return _result(script, args, steps, failing, None, rule, caught, layer)
+    return {**_result(script, args, steps, failing, None, rule, caught, layer), "events": ev}
+
+
+def _event_result(result: dict, finding: dict, ev: dict) -> dict:
+    """A run that finishes but whose logs show graph breaks or recompiles: a finding about its graphs."""
+    where = {**finding["user_line"], "code": _line_text(finding["user_line"])}
+    gb = graph_break({"message": f"/gb/gb{finding['gb_id'][2:]}.html"}) if finding.get("gb_id") else None
+    evidence = {"step": "as-is", "exception": None, "user_line": where,
+                **({"guard": finding["guard"]} if finding.get("guard") else {})}
+    return {**result, "conclusion": finding["conclusion"], "layer": finding["layer"], "located": None,
+            "rule": finding["rule"], "evidence": evidence, "graph_break": gb, "next_action": finding["advice"],
+            "failing_step": "as-is", "runs": True}
 
 
 def _same_failure(a: Step, b: Step) -> bool:
@@ -185,7 +240,8 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
                        "exception": _short(s.exception), "log": s.log} for s in steps]}
     if verdict == "clean":
         return {**base, "conclusion": "clean", "layer": None, "located": None, "rule": None, "evidence": {},
-                "graph_break": None, "next_action": "Nothing to fix: the script runs to the end as it is."}
+                "graph_break": None, "next_action": "Nothing to fix: the script runs to the end as it is, without "
+                "graph breaks or recompiles.", "runs": True}
     exc = failing.exception
     where = user_line(exc, script) if exc else None
     if where:
@@ -221,7 +277,7 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
         conclusion = "user_code"
     return {**base, "conclusion": conclusion, "layer": layer, "located": located if conclusion == "framework_bug"
             else None, "rule": rule_id, "evidence": evidence, "graph_break": graph_break(exc),
-            "next_action": advice, "failing_step": failing.name}
+            "next_action": advice, "failing_step": failing.name, "runs": False}
 
 
 def _last_passing(step: str) -> str:
@@ -235,3 +291,53 @@ def _short(exc: dict | None) -> dict | None:
         return None
     lines = exc["message"].strip().splitlines()
     return {"type": exc["type"], "message": "\n".join(lines[:6]), "cause": exc.get("cause")}
+
+
+# where a failure surfaced, by the package of its innermost torch frame or its exception's module
+LAYER_OF_PACKAGE = (("torch/_subclasses/fake", "fake"), ("torch/_library", "fake"), ("torch/_meta", "fake"),
+                    ("torch/_inductor", "inductor"), ("torch/_functorch", "aot_autograd"),
+                    ("torch/_decomp", "aot_autograd"), ("torch/_dynamo", "dynamo"), ("torch/fx", "dynamo"))
+
+
+def layer_of(exception: dict) -> str | None:
+    frame = framework_frame(exception)
+    where = (frame or {}).get("file", "") + " " + exception.get("type", "").replace(".", "/")
+    return next((layer for pkg, layer in LAYER_OF_PACKAGE if pkg in where), None)
+
+
+def conclude_log(ev: dict, source: str) -> dict:
+    """The conclusion from a log alone: its first causal error by signature (the layer by the rule, else by
+    the package it surfaced in), else what its graph breaks and recompiles amount to, else clean."""
+    base = {"source": source, "events": ev, "steps": [], "failing_step": None}
+    exc = ev.get("error")
+    if exc is None:
+        finding = event_finding(ev)
+        clean = {**base, "conclusion": "clean", "layer": None, "located": None, "rule": None, "evidence": {},
+                 "graph_break": None, "next_action": "Nothing to fix in this log: no error, and no graph breaks or "
+                 "recompiles that make a finding.", "runs": True}
+        if not finding:
+            return clean
+        found = _event_result(clean, finding, ev)
+        return {**found, "failing_step": None, "evidence": {**found["evidence"], "step": None}}
+    rule, caught = match_signature(exc)
+    where = user_line(exc)
+    if where:
+        where = {**where, "code": _line_text(where)}
+    evidence = {"step": None, "exception": _short(exc), "user_line": where, **caught}
+    if rule is not None:
+        names = {"operator": caught.get("operator", "the operator"),
+                 "name": caught.get("operator", "op").split("::")[-1].split(".")[0],
+                 "module": caught.get("module", "the module"), "setting": caught.get("setting", "")}
+        return {**base, "conclusion": rule["conclusion"], "layer": rule["layer"] or layer_of(exc), "located": None,
+                "rule": rule["id"], "evidence": evidence, "graph_break": graph_break(exc),
+                "next_action": rule["advice"].format(**names), "runs": False}
+    frame = framework_frame(exc)
+    if frame:
+        evidence["framework_frame"] = frame
+    layer = layer_of(exc)
+    return {**base, "conclusion": "framework_bug" if layer else "user_code", "layer": layer or "user",
+            "located": frame is not None if layer else None, "rule": None, "evidence": evidence,
+            "graph_break": graph_break(exc), "runs": False,
+            "next_action": (f"The first error surfaced in {layer} and no known signature explains it: run "
+                            "`opforge graph diagnose` on the script for the backend ladder, and report it with the "
+                            "log.") if layer else "The first error is raised by the user's code: fix it there."}

@@ -13,9 +13,15 @@ WORDS = {"clean": "runs clean", "user_code": "a user code problem", "framework_b
 REPRO_HEADER = '''"""Reproduces what `opforge graph diagnose` found: {conclusion} at step {step}.
 Run it as the original was run: python repro.py {args}
 """
-import torch
+import os
 
-_compile = torch.compile
+os.environ.setdefault("TORCH_LOGS", "graph_breaks,recompiles")  # read when torch is imported
+import torch  # noqa: E402
+
+{swap}
+# ---- the original script, {script} ----
+'''
+SWAP_BACKEND = '''_compile = torch.compile
 
 
 def _with_backend(model=None, **kwargs):  # every torch.compile of the script below runs with this backend
@@ -25,38 +31,39 @@ def _with_backend(model=None, **kwargs):  # every torch.compile of the script be
     return _compile(model, **kwargs) if model is not None else _compile(**kwargs)
 
 
-{swap}
-# ---- the original script, {script} ----
+torch.compile = _with_backend
 '''
 
 
 def write_result(out: Path, result: dict) -> None:
     steps = out / "steps"
-    steps.mkdir(parents=True, exist_ok=True)
+    if result["steps"]:
+        steps.mkdir(parents=True, exist_ok=True)
     for i, s in enumerate(result["steps"], 1):
         write_text_atomic(steps / f"{i:02d}_{s['step']}.log", s["log"])
     slim = {**result, "steps": [{k: v for k, v in s.items() if k != "log"} | {"log": f"steps/{i:02d}_{s['step']}.log"}
                                 for i, s in enumerate(result["steps"], 1)]}
     write_json_atomic(out / "result.json", slim)
     write_text_atomic(out / "analysis.md", analysis_md(slim))
-    if result["conclusion"] != "clean":
+    if result["conclusion"] != "clean" and result.get("script"):
         write_text_atomic(out / "repro.py", repro_py(result))
 
 
 def repro_py(result: dict) -> str:
     script = Path(result["script"])
     step = result["failing_step"]
-    backend = step if step not in ("as-is", "no-compile") else None
-    swap = "torch.compile = _with_backend" if backend else ("torch.compiler.set_stance('force_eager')"
-                                                              if step == "no-compile" else "")
+    swap = {"as-is": "", "no-compile": "torch.compiler.set_stance('force_eager')\n"}.get(step) \
+        if step in ("as-is", "no-compile") else SWAP_BACKEND.format(backend=step)
     header = REPRO_HEADER.format(conclusion=WORDS[result["conclusion"]], step=step, args=" ".join(result["args"]),
-                                 backend=backend or "inductor", swap=swap, script=script.name)
+                                 swap=swap, script=script.name)
     return header + script.read_text()
 
 
 def analysis_md(result: dict) -> str:
     c = result["conclusion"]
-    lines = [f"# graph diagnose: {Path(result['script']).name}", "",
+    title = f"graph diagnose: {Path(result['script']).name}" if result.get("script") else \
+        f"graph logs: {Path(result['source']).name}"
+    lines = [f"# {title}", "",
              f"**Conclusion: {WORDS[c]}**" + (f" (`{c}`), layer `{result['layer']}`" if c != "clean" else "")
              + ("" if result.get("located") is None else f", {'located' if result['located'] else 'not located'}")
              + ".", ""]
@@ -64,12 +71,13 @@ def analysis_md(result: dict) -> str:
         ev = result["evidence"]
         lines += ["## Evidence", ""]
         if ev.get("exception"):
-            lines += [f"- at step `{ev['step']}`: `{ev['exception']['type']}`", "", "```",
-                      ev["exception"]["message"], "```", ""]
+            at = f"at step `{ev['step']}`" if ev.get("step") else "first error"
+            lines += [f"- {at}: `{ev['exception']['type']}`", "", "```", ev["exception"]["message"], "```", ""]
         if ev.get("user_line"):
             u = ev["user_line"]
             lines.append(f"- your code: `{u['file']}:{u['line']}`" + (f": `{u['code']}`" if u.get("code") else ""))
-        for key, label in (("operator", "operator"), ("setting", "setting"), ("module", "module")):
+        for key, label in (("operator", "operator"), ("setting", "setting"), ("module", "module"),
+                           ("guard", "the guard that fails")):
             if ev.get(key):
                 lines.append(f"- {label}: `{ev[key]}`")
         if ev.get("framework_frame"):
@@ -82,21 +90,40 @@ def analysis_md(result: dict) -> str:
         if gb:
             lines += [f"## Graph break {gb['id']}: {gb['type']}", "", gb["explanation"] or "", "",
                       *[f"- hint: {h.strip()}" for h in gb["hints"]], ""]
-    lines += ["## Next action", "", result["next_action"], "", "## The ladder", "",
-              "| step | status | seconds | error |", "|---|---|---|---|"]
-    for s in result["steps"]:
-        err = s["exception"]["type"].rsplit(".", 1)[-1] if s.get("exception") else ""
-        lines.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {err} |")
-    lines += ["", "Each step ran the script in a child process; its output is in the step's log "
-              "(`steps/`). " + ("`repro.py` reruns the failing step on its own." if c != "clean" else ""), ""]
+    lines += events_md(result.get("events") or {})
+    lines += ["## Next action", "", result["next_action"], ""]
+    if result["steps"]:
+        lines += ["## The ladder", "", "| step | status | seconds | error |", "|---|---|---|---|"]
+        for s in result["steps"]:
+            err = s["exception"]["type"].rsplit(".", 1)[-1] if s.get("exception") else ""
+            lines.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {err} |")
+        lines += ["", "Each step ran the script in a child process; its output is in the step's log "
+                  "(`steps/`). " + ("`repro.py` reruns the failing step on its own." if c != "clean" else ""), ""]
     return "\n".join(lines)
 
 
 def summary_line(result: dict) -> str:
+    name = Path(result.get("script") or result["source"]).name
     if result["conclusion"] == "clean":
-        return f"{Path(result['script']).name}: runs clean ({len(result['steps'])} step)"
+        return f"{name}: runs clean" + (f" ({len(result['steps'])} step)" if result["steps"] else "")
     where = result["evidence"].get("user_line")
     at = f" at {Path(where['file']).name}:{where['line']}" if where else ""
     op = f", operator {result['evidence']['operator']}" if result["evidence"].get("operator") else ""
-    return (f"{Path(result['script']).name}: {WORDS[result['conclusion']]} in {result['layer']}{at}{op} "
-            f"(step {result['failing_step']})")
+    step = f" (step {result['failing_step']})" if result.get("failing_step") else ""
+    return f"{name}: {WORDS[result['conclusion']]} in {result['layer']}{at}{op}{step}"
+
+
+def events_md(ev: dict, limit: int = 10) -> list[str]:
+    """The log's graph breaks and recompiles, as lists (the first `limit` of each)."""
+    lines = []
+    if ev.get("graph_breaks"):
+        lines += [f"## Graph breaks ({len(ev['graph_breaks'])})", ""]
+        lines += [f"- `{Path(b['file']).name}:{b['line']}` {b['reason']}" + (f" ({b['gb_id']})" if b["gb_id"] else "")
+                  for b in ev["graph_breaks"][:limit]] + [""]
+    if ev.get("recompiles") or ev.get("recompile_limits"):
+        lines += [f"## Recompiles ({len(ev.get('recompiles', []))})", ""]
+        lines += [f"- `{r['function']}` ({Path(r['file'] or '?').name}:{r['line']}), guard failed: `{r['guard']}`"
+                  for r in ev.get("recompiles", [])[:limit]]
+        lines += [f"- **{r['limit']} ({r['value']}) reached** by `{r['function']}`: it runs eagerly from then on"
+                  for r in ev.get("recompile_limits", [])] + [""]
+    return lines
