@@ -89,6 +89,21 @@ SCRIPTS = {
         for _ in range(2):
             f(torch.randn(16))
     ''',
+    "wrong_decomposition": '''
+        import torch
+        from torch._inductor import decomposition
+
+        def sigmoid(x):
+            return 1 / (1 + torch.exp(x))  # exp(x) where exp(-x) belongs
+
+        decomposition.decompositions[torch.ops.aten.sigmoid.default] = sigmoid
+
+        @torch.compile
+        def f(x):
+            return torch.sigmoid(x) * x
+
+        print(f(torch.randn(64)).sum())
+    ''',
     "clean": '''
         import torch
 
@@ -224,3 +239,17 @@ def test_logs_bad_input_is_one_line_and_exit_2(tmp_path, name, words):
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["graph", "logs", str(tmp_path / name), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
+
+
+def test_a_wrong_decomposition_registered_into_inductor_is_found_with_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    code, r = diagnose(tmp_path, "wrong_decomposition", "--check")  # the script asserts nothing itself
+    assert (r["conclusion"], r["layer"], r["located"], r["rule"]) == ("framework_bug", "inductor", True,
+                                                                      "foreign-entry")
+    assert r["evidence"]["operator"] == "aten.sigmoid.default" and r["evidence"]["registered_at"]["line"] == 4
+    # the decompositions serve aot_eager_decomp_partition too: it is the first step whose results differ, and
+    # the script runs clean once they are taken away
+    steps = {s["step"]: s["status"] for s in r["steps"]}
+    assert steps["aot_eager"] == "ok" and steps["aot_eager_decomp_partition"] == "failed"
+    assert steps["without-foreign"] == "ok"
+    assert "differs from eager" in r["evidence"]["exception"]["message"]

@@ -17,6 +17,27 @@ import sys
 import traceback
 
 BACKENDS: list[str] = []  # the backends the script asked torch.compile for, in call order
+CHECK_ENV = "OPFORGE_GRAPH_CHECK"  # "1": each compiled call is compared with the eager call on the same inputs
+DROP_ENV = "OPFORGE_GRAPH_DROP_FOREIGN"  # "1": Inductor's tables lose the entries defined outside torch
+
+
+class CompiledMismatch(AssertionError):
+    """A compiled call's outputs differ from the eager call's (--check)."""
+
+
+def _checked(compiled, eager):
+    import torch
+
+    def call(*args, **kwargs):
+        clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # in-place ops keep theirs
+        want = eager(*clone, **kwargs)
+        got = compiled(*args, **kwargs)
+        try:
+            torch.testing.assert_close(got, want, equal_nan=True)
+        except AssertionError as exc:
+            raise CompiledMismatch(f"compiled output differs from eager: {exc}") from None
+        return got
+    return call
 
 
 def _patch_compile(step: str) -> None:
@@ -26,17 +47,63 @@ def _patch_compile(step: str) -> None:
         torch.compiler.set_stance("force_eager")
         return
     original = torch.compile
+    check = os.environ.get(CHECK_ENV) == "1"
 
     def compile_with(model=None, **kwargs):
+        if model is None:  # @torch.compile(...) with options: the decorator comes back here with the function
+            return lambda fn: compile_with(fn, **kwargs)
         asked = kwargs.get("backend", "inductor")
         BACKENDS.append(asked if isinstance(asked, str) else getattr(asked, "__name__", type(asked).__name__))
         if step != "as-is":
             kwargs["backend"] = step
             kwargs.pop("mode", None)  # a mode and options are Inductor's: the other backends refuse them
             kwargs.pop("options", None)
-        return original(model, **kwargs) if model is not None else original(**kwargs)
+        compiled = original(model, **kwargs)
+        return _checked(compiled, model) if check else compiled
 
     torch.compile = compile_with
+    if os.environ.get(DROP_ENV) == "1":
+        from torch._dynamo.callback import on_compile_start
+
+        on_compile_start(lambda *_: _drop_foreign())
+
+
+def _torch_dir() -> str:
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _tables() -> dict:
+    """Inductor's tables a user or a backend can register into, where Inductor has been imported."""
+    tables = {}
+    if "torch._inductor.decomposition" in sys.modules:
+        tables["decomposition"] = sys.modules["torch._inductor.decomposition"].decompositions
+    if "torch._inductor.lowering" in sys.modules:
+        tables["lowering"] = sys.modules["torch._inductor.lowering"].lowerings
+    return tables
+
+
+def foreign_entries() -> list[dict]:
+    """Entries of Inductor's decomposition and lowering tables whose function is defined outside torch: what
+    a script or a backend registered. Where torch's own entries make a wrong result, these are the suspects."""
+    import inspect
+
+    root, found = _torch_dir(), []
+    for table, entries in _tables().items():
+        for op, fn in list(entries.items()):
+            code = getattr(inspect.unwrap(fn), "__code__", None)
+            if code is not None and not os.path.abspath(code.co_filename).startswith(root):
+                found.append({"table": table, "op": str(op), "file": code.co_filename,
+                              "line": code.co_firstlineno, "function": code.co_name})
+    return found
+
+
+def _drop_foreign() -> None:
+    wanted = {(e["table"], e["op"]) for e in foreign_entries()}
+    for table, entries in _tables().items():
+        for op in [op for op in entries if (table, str(op)) in wanted]:
+            del entries[op]
 
 
 def _frames(exc: BaseException) -> list[dict]:
@@ -67,6 +134,7 @@ def main(argv: list[str]) -> int:
                                 if cause is not exc else None}
         code = 1
     outcome["backends"] = BACKENDS
+    outcome["foreign"] = foreign_entries() if "torch" in sys.modules else []
     with open(record, "w") as f:
         json.dump(outcome, f)
     return code

@@ -31,6 +31,7 @@ def graph_diagnose(
     backend: str = typer.Option(None, "--backend", help="the backend under diagnosis (default: the script's own)"),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds each step may run"),
     memory_gb: float = typer.Option(None, "--memory-gb", min=0.1, help="address-space limit for each step"),
+    check: bool = typer.Option(False, "--check", help="compare each compiled call's outputs with eager's"),
     as_json: bool = typer.Option(False, "--json", help="print result.json"),
 ):
     """Find where and why torch.compile fails in a script: user code, framework bug, operator, runtime or
@@ -52,7 +53,7 @@ def graph_diagnose(
         _fail(exc.where, exc.what, as_json)
     with progress_console.status("as-is") as status:
         result = diagnose(script.resolve(), list(ctx.args), backend=backend, timeout=timeout, memory_gb=memory_gb,
-                          progress=lambda step: status.update(f"{script.name}: step {step}"))
+                          check=check, progress=lambda step: status.update(f"{script.name}: step {step}"))
     write_result(out, result)
     if as_json:
         typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))

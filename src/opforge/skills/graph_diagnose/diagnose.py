@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from opforge.skills.graph_diagnose.child import CHECK_ENV, DROP_ENV
 from opforge.skills.graph_diagnose.logs import events
 
 LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition")
@@ -81,13 +82,15 @@ class Step:
     seconds: float
     exit_code: int | None
     exception: dict | None
-    backends: list[str] = field(default_factory=list)  # those the script passed to torch.compile (as-is only)
+    backends: list[str] = field(default_factory=list)  # those the script passed to torch.compile
     log: str = ""
+    foreign: list[dict] = field(default_factory=list)  # Inductor table entries defined outside torch
 
 
 def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb: float | None = None,
-             env: dict | None = None) -> Step:
-    """The script in a child process with one step of the ladder; the user's environment otherwise."""
+             env: dict | None = None, label: str | None = None) -> Step:
+    """The script in a child process with one step of the ladder (named `label` in the result); the user's
+    environment otherwise."""
     with tempfile.TemporaryDirectory(prefix="opforge-graph-") as tmp:
         record = Path(tmp) / "record.json"
         cmd = [sys.executable, "-m", "opforge.skills.graph_diagnose.child", step, str(record), str(script), *args]
@@ -100,7 +103,7 @@ def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb
                                if limit else None)
         except subprocess.TimeoutExpired as exc:
             out = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
-            return Step(step, "timeout", round(time.perf_counter() - start, 2), None, None, log=out)
+            return Step(label or step, "timeout", round(time.perf_counter() - start, 2), None, None, log=out)
         seconds = round(time.perf_counter() - start, 2)
         outcome = json.loads(record.read_text()) if record.exists() else {}
     exc = outcome.get("exception")
@@ -108,7 +111,8 @@ def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb
         exc = {"type": "signal" if r.returncode < 0 else "exit", "message": f"the process ended with {r.returncode}"
                + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""), "frames": []}
     status = "ok" if r.returncode == 0 else "failed"
-    return Step(step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr)
+    return Step(label or step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr,
+                outcome.get("foreign", []))
 
 
 def _logs_env() -> dict:
@@ -172,13 +176,14 @@ def _line_text(where: dict | None) -> str:
 
 
 def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeout: float = 120.0,
-             memory_gb: float | None = None, progress=None) -> dict:
+             memory_gb: float | None = None, check: bool = False, progress=None) -> dict:
     """Run the ladder on one script and conclude. Returns the result as result.json holds it (the steps' logs
-    under `steps`, each with its text)."""
-    def step(name: str) -> Step:
+    under `steps`, each with its text). `check`: each compiled call is compared with eager on its inputs."""
+    def step(name: str, extra: dict | None = None, label: str | None = None) -> Step:
         if progress:
-            progress(name)
-        s = run_step(script, args, name, timeout, memory_gb, env=_logs_env() if name == "as-is" else None)
+            progress(label or name)
+        env = {**(_logs_env() if name == "as-is" else {}), **({CHECK_ENV: "1"} if check else {}), **(extra or {})}
+        s = run_step(script, args, name, timeout, memory_gb, env=env, label=label)
         steps.append(s)
         return s
 
@@ -211,10 +216,32 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
                 failing, layer = s, LAYER_OF_STEP[name]
                 break
         if layer is None:  # every generic step passes: the script's own backend is where it fails
-            own = backend or (first.backends[0] if first.backends else "inductor")
-            layer = own if own != "inductor" else "inductor"
+            layer = backend or (first.backends[0] if first.backends else "inductor")
+        # Inductor's decompositions serve aot_eager_decomp_partition too: what a script or a backend registered
+        # into its tables is a suspect from that step on, confirmed when the script runs clean without it
+        foreign = failing.foreign or first.foreign
+        if failing.name in ("as-is", "aot_eager_decomp_partition") and foreign:
+            # the caches would hand back the graph compiled with them: they key on the graph, not the tables
+            without = step("as-is", {DROP_ENV: "1", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"},
+                           label="without-foreign")
+            if without.status == "ok":
+                result = _result(script, args, steps, failing, None, None, {}, layer)
+                return {**_foreign_result(result, foreign), "events": ev}
     rule, caught = match_signature(failing.exception)
     return {**_result(script, args, steps, failing, None, rule, caught, layer), "events": ev}
+
+
+def _foreign_result(result: dict, foreign: list[dict]) -> dict:
+    """The failure goes away without the Inductor table entries defined outside torch: they are its cause."""
+    rule = _knowledge()["experiments"]["foreign-entry"]
+    first = foreign[0]
+    where = {"file": first["file"], "line": first["line"]}
+    evidence = {**result["evidence"], "operator": first["op"], "foreign": foreign,
+                "registered_at": {**where, "code": _line_text(where)}}
+    advice = rule["advice"].format(table=first["table"], operator=first["op"], file=first["file"],
+                                   line=first["line"])
+    return {**result, "conclusion": rule["conclusion"], "layer": rule["layer"], "located": True,
+            "rule": "foreign-entry", "evidence": evidence, "next_action": advice}
 
 
 def _event_result(result: dict, finding: dict, ev: dict) -> dict:

@@ -80,6 +80,10 @@ def analysis_md(result: dict) -> str:
                            ("guard", "the guard that fails")):
             if ev.get(key):
                 lines.append(f"- {label}: `{ev[key]}`")
+        if ev.get("registered_at"):
+            r = ev["registered_at"]
+            lines.append(f"- registered outside torch at `{r['file']}:{r['line']}`" +
+                         (f": `{r['code']}`" if r.get("code") else ""))
         if ev.get("framework_frame"):
             f = ev["framework_frame"]
             lines.append(f"- where it surfaced in torch: `{f['file']}:{f['line']}` ({f['function']})")
