@@ -253,3 +253,18 @@ def test_a_wrong_decomposition_registered_into_inductor_is_found_with_check(tmp_
     assert steps["aot_eager"] == "ok" and steps["aot_eager_decomp_partition"] == "failed"
     assert steps["without-foreign"] == "ok"
     assert "differs from eager" in r["evidence"]["exception"]["message"]
+
+
+def test_profile_times_compilation_by_phase_and_orders_the_fixes(tmp_path):
+    script = tmp_path / "host_sync.py"
+    script.write_text(textwrap.dedent(SCRIPTS["host_sync"]).lstrip())
+    res = CliRunner().invoke(app, ["graph", "profile", str(script), "--out", str(tmp_path / "prof")])
+    assert res.exit_code == 0, res.output
+    p = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    assert p["graphs"] >= 2 and {b["line"] for b in p["graph_breaks"]} == {6}
+    assert p["compile_seconds"]["dynamo"] > 0 and all(c["seconds"] is not None for c in p["compiles"])
+    (f,) = p["functions"]  # f, called twice compiled and twice eagerly
+    assert f["calls"] == 2 and f["compiled_median_s"] > 0 and f["eager_median_s"] > 0
+    gains = [x["seconds"] for x in p["fixes"]]
+    assert gains == sorted(gains, reverse=True) and any("graph break at host_sync.py:6" in x["fix"] for x in p["fixes"])
+    assert (tmp_path / "prof" / "profile.png").read_bytes()[:4] == b"\x89PNG"

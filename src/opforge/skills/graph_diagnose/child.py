@@ -19,6 +19,8 @@ import traceback
 BACKENDS: list[str] = []  # the backends the script asked torch.compile for, in call order
 CHECK_ENV = "OPFORGE_GRAPH_CHECK"  # "1": each compiled call is compared with the eager call on the same inputs
 DROP_ENV = "OPFORGE_GRAPH_DROP_FOREIGN"  # "1": Inductor's tables lose the entries defined outside torch
+TIME_ENV = "OPFORGE_GRAPH_TIME"  # "1": each call of a compiled function is timed (eagerly too, under no-compile)
+TIMINGS: dict[str, dict] = {}  # "file:line name" of a compiled function -> its calls' seconds
 
 
 class CompiledMismatch(AssertionError):
@@ -40,12 +42,35 @@ def _checked(compiled, eager):
     return call
 
 
+def _timed(fn, model):
+    """Each call's wall time, the device synchronised around it (a kernel launch returns before it runs)."""
+    import time
+
+    import torch
+
+    code = getattr(getattr(model, "forward", model), "__code__", None)
+    key = f"{code.co_filename}:{code.co_firstlineno} {code.co_name}" if code else repr(model)
+    calls = TIMINGS.setdefault(key, {"seconds": []})["seconds"]
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def call(*args, **kwargs):
+        sync()
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        sync()
+        calls.append(time.perf_counter() - start)
+        return out
+    return call
+
+
 def _patch_compile(step: str) -> None:
     import torch
 
+    timing = os.environ.get(TIME_ENV) == "1"
     if step == "no-compile":
         torch.compiler.set_stance("force_eager")
-        return
+        if not timing:
+            return
     original = torch.compile
     check = os.environ.get(CHECK_ENV) == "1"
 
@@ -54,12 +79,13 @@ def _patch_compile(step: str) -> None:
             return lambda fn: compile_with(fn, **kwargs)
         asked = kwargs.get("backend", "inductor")
         BACKENDS.append(asked if isinstance(asked, str) else getattr(asked, "__name__", type(asked).__name__))
-        if step != "as-is":
+        if step not in ("as-is", "no-compile"):
             kwargs["backend"] = step
             kwargs.pop("mode", None)  # a mode and options are Inductor's: the other backends refuse them
             kwargs.pop("options", None)
         compiled = original(model, **kwargs)
-        return _checked(compiled, model) if check else compiled
+        compiled = _checked(compiled, model) if check else compiled
+        return _timed(compiled, model) if timing else compiled
 
     torch.compile = compile_with
     if os.environ.get(DROP_ENV) == "1":
@@ -134,6 +160,7 @@ def main(argv: list[str]) -> int:
                                 if cause is not exc else None}
         code = 1
     outcome["backends"] = BACKENDS
+    outcome["timings"] = TIMINGS
     outcome["foreign"] = foreign_entries() if "torch" in sys.modules else []
     with open(record, "w") as f:
         json.dump(outcome, f)

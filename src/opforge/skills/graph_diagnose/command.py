@@ -23,6 +23,21 @@ def _fail(where: str, what: str, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+def _check_script(script: Path) -> None:
+    if not script.is_file():
+        raise InputError(str(script), "no such script" if not script.exists() else "is not a file")
+    if script.suffix != ".py":
+        raise InputError(str(script), "is not a Python script (.py)")
+
+
+def _make_out(out: Path, names: str) -> None:
+    check_out_folder(out, names)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(out, exc) from None
+
+
 @graph_app.command("diagnose", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def graph_diagnose(
     ctx: typer.Context,
@@ -40,15 +55,8 @@ def graph_diagnose(
     from opforge.skills.graph_diagnose.report import summary_line, write_result
 
     try:
-        if not script.is_file():
-            raise InputError(str(script), "no such script" if not script.exists() else "is not a file")
-        if script.suffix != ".py":
-            raise InputError(str(script), "is not a Python script (.py)")
-        check_out_folder(out, "the folder to write the diagnosis in")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise os_error(out, exc) from None
+        _check_script(script)
+        _make_out(out, "the folder to write the diagnosis in")
     except InputError as exc:
         _fail(exc.where, exc.what, as_json)
     with progress_console.status("as-is") as status:
@@ -84,11 +92,7 @@ def graph_logs(
         traces = sorted(log.glob("*.log")) if log.is_dir() else ([log] if is_trace_log(log) else [])
         if log.is_dir() and not traces:
             raise InputError(str(log), "holds no TORCH_TRACE log (*.log)")
-        check_out_folder(out, "the folder to write the analysis in")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise os_error(out, exc) from None
+        _make_out(out, "the folder to write the analysis in")
         if traces:
             with tempfile.TemporaryDirectory(prefix="opforge-tlparse-") as tmp:
                 try:
@@ -112,3 +116,37 @@ def graph_logs(
         typer.echo(f"next: {result['next_action']}")
         typer.echo(f"wrote {out / 'analysis.md'}")
     raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
+
+
+@graph_app.command("profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def graph_profile(
+    ctx: typer.Context,
+    script: Path = typer.Argument(..., help="the Python script that uses torch.compile (its arguments after --)"),
+    out: Path = typer.Option(..., "--out", help="folder for profile.md, profile.json and profile.png"),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds each run may take"),
+    memory_gb: float = typer.Option(None, "--memory-gb", min=0.1, help="address-space limit for each run"),
+    as_json: bool = typer.Option(False, "--json", help="print profile.json"),
+):
+    """Graphs, graph breaks, recompiles with their guards, compile time by phase, eager against compiled time
+    per compiled function, and the fixes in order of gain. Exit 0 (1 when the compiled run fails), 2 bad input."""
+    from opforge.skills.graph_diagnose.profile import profile, write_profile
+
+    try:
+        _check_script(script)
+        _make_out(out, "the folder to write the profile in")
+    except InputError as exc:
+        _fail(exc.where, exc.what, as_json)
+    with progress_console.status("compiled") as status:
+        p = profile(script.resolve(), list(ctx.args), timeout=timeout, memory_gb=memory_gb,
+                    progress=lambda run: status.update(f"{script.name}: {run} run"))
+    write_profile(out, p)
+    if as_json:
+        typer.echo(json.dumps(json.loads((out / "profile.json").read_text()), indent=2))
+    else:
+        cs = p["compile_seconds"]
+        typer.echo(f"{script.name}: {p['graphs']} graph(s), {len(p['graph_breaks'])} graph break(s), "
+                   f"{len(p['recompiles'])} recompile(s); compile {cs['dynamo'] + cs['backend']:.2f} s")
+        for f in p["fixes"][:3]:
+            typer.echo(f"fix: {f['fix']} ({f['seconds']:.2f} s)")
+        typer.echo(f"wrote {out / 'profile.md'}")
+    raise typer.Exit(1 if p["status"]["compiled"] != "ok" else 0)

@@ -85,6 +85,7 @@ class Step:
     backends: list[str] = field(default_factory=list)  # those the script passed to torch.compile
     log: str = ""
     foreign: list[dict] = field(default_factory=list)  # Inductor table entries defined outside torch
+    timings: dict = field(default_factory=dict)  # compiled function -> its calls' seconds (OPFORGE_GRAPH_TIME)
 
 
 def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb: float | None = None,
@@ -112,7 +113,7 @@ def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb
                + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""), "frames": []}
     status = "ok" if r.returncode == 0 else "failed"
     return Step(label or step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr,
-                outcome.get("foreign", []))
+                outcome.get("foreign", []), outcome.get("timings", {}))
 
 
 def _logs_env() -> dict:
