@@ -268,3 +268,18 @@ def test_profile_times_compilation_by_phase_and_orders_the_fixes(tmp_path):
     gains = [x["seconds"] for x in p["fixes"]]
     assert gains == sorted(gains, reverse=True) and any("graph break at host_sync.py:6" in x["fix"] for x in p["fixes"])
     assert (tmp_path / "prof" / "profile.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_folder_of_scripts_is_a_batch_with_one_summary(tmp_path):
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    for name in ("branch", "clean"):
+        (folder / f"{name}.py").write_text(textwrap.dedent(SCRIPTS[name]).lstrip())
+    res = CliRunner().invoke(app, ["graph", "diagnose", str(folder), "--out", str(tmp_path / "batch")])
+    assert res.exit_code == 1, res.output  # one finding
+    from openpyxl import load_workbook
+
+    rows = list(load_workbook(tmp_path / "batch" / "summary.xlsx").active.iter_rows(values_only=True))
+    assert rows[0][:3] == ("script", "conclusion", "layer")
+    assert [r[:3] for r in rows[1:]] == [("branch.py", "user_code", "dynamo"), ("clean.py", "clean", None)]
+    assert (tmp_path / "batch" / "branch" / "analysis.md").exists() and (tmp_path / "batch" / "clean").is_dir()

@@ -41,7 +41,8 @@ def _make_out(out: Path, names: str) -> None:
 @graph_app.command("diagnose", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def graph_diagnose(
     ctx: typer.Context,
-    script: Path = typer.Argument(..., help="the Python script that uses torch.compile (its arguments after --)"),
+    script: Path = typer.Argument(..., help="the Python script that uses torch.compile (its arguments after --), "
+                                            "or a folder of scripts (each diagnosed, one summary.xlsx)"),
     out: Path = typer.Option(..., "--out", help="folder for analysis.md, result.json, repro.py and steps/"),
     backend: str = typer.Option(None, "--backend", help="the backend under diagnosis (default: the script's own)"),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds each step may run"),
@@ -55,10 +56,17 @@ def graph_diagnose(
     from opforge.skills.graph_diagnose.report import summary_line, write_result
 
     try:
-        _check_script(script)
+        scripts = sorted(script.glob("*.py")) if script.is_dir() else [script]
+        if script.is_dir() and not scripts:
+            raise InputError(str(script), "holds no Python script (*.py)")
+        for s in scripts:
+            _check_script(s)
         _make_out(out, "the folder to write the diagnosis in")
     except InputError as exc:
         _fail(exc.where, exc.what, as_json)
+    if script.is_dir():
+        _diagnose_batch(scripts, out, list(ctx.args), backend=backend, timeout=timeout, memory_gb=memory_gb,
+                        check=check, as_json=as_json)
     with progress_console.status("as-is") as status:
         result = diagnose(script.resolve(), list(ctx.args), backend=backend, timeout=timeout, memory_gb=memory_gb,
                           check=check, progress=lambda step: status.update(f"{script.name}: step {step}"))
@@ -70,6 +78,42 @@ def graph_diagnose(
         typer.echo(f"next: {result['next_action']}")
         typer.echo(f"wrote {out / 'analysis.md'}")
     raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
+
+
+def _diagnose_batch(scripts: list[Path], out: Path, args: list[str], *, as_json: bool, **options) -> None:
+    """Each script diagnosed on its own (one failing to be diagnosed does not cost the others), each in its own
+    folder, then summary.xlsx and summary.json over all. Exit 0 all clean, 1 some finding."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opforge.skills.graph_diagnose.diagnose import diagnose
+    from opforge.skills.graph_diagnose.report import summary_line, summary_row, write_result, write_summary
+
+    rows = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=progress_console, disable=as_json) as bar:
+        task = bar.add_task("scripts", total=len(scripts))
+        for s in scripts:
+            bar.update(task, description=s.name)
+            folder = out / s.stem
+            try:
+                result = diagnose(s.resolve(), args, progress=lambda step, s=s: bar.update(
+                    task, description=f"{s.name}: {step}"), **options)
+                write_result(folder, result)
+                rows.append(summary_row(result, s.stem))
+                line = summary_line(result)
+            except Exception as exc:  # noqa: BLE001 - reported in its row, the batch goes on
+                rows.append({"script": s.name, "conclusion": "not diagnosed", "layer": None,
+                             "next action": f"opforge failed on this script: {type(exc).__name__}: {exc}"})
+                line = f"{s.name}: not diagnosed ({type(exc).__name__}: {exc})"
+            if not as_json:
+                bar.console.print(line, markup=False, highlight=False)
+            bar.advance(task)
+    write_summary(out, rows)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        typer.echo(f"wrote {out / 'summary.xlsx'}")
+    raise typer.Exit(0 if all(r["conclusion"] == "clean" for r in rows) else 1)
 
 
 @graph_app.command("logs")

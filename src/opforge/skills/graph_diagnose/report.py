@@ -3,9 +3,10 @@ steps/ (all written atomically)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from opforge.workspace.atomic import write_json_atomic, write_text_atomic
+from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 WORDS = {"clean": "runs clean", "user_code": "a user code problem", "framework_bug": "a framework bug",
          "operator": "an operator problem", "runtime": "a runtime problem", "environment": "an environment problem"}
@@ -131,3 +132,51 @@ def events_md(ev: dict, limit: int = 10) -> list[str]:
         lines += [f"- **{r['limit']} ({r['value']}) reached** by `{r['function']}`: it runs eagerly from then on"
                   for r in ev.get("recompile_limits", [])] + [""]
     return lines
+
+
+SUMMARY_COLUMNS = ["script", "conclusion", "layer", "located", "rule", "user line", "operator or setting",
+                   "graph break", "next action", "seconds", "analysis"]
+FILLS = {"clean": "C6EFCE", "user_code": "FFEB9C", "framework_bug": "FFC7CE", "operator": "FFC7CE",
+         "runtime": "FCE4D6", "environment": "DDEBF7"}
+
+
+def summary_row(result: dict, folder: str) -> dict:
+    ev = result.get("evidence") or {}
+    where = ev.get("user_line")
+    return {"script": Path(result["script"]).name, "conclusion": result["conclusion"], "layer": result["layer"],
+            "located": result.get("located"), "rule": result.get("rule"),
+            "user line": f"{Path(where['file']).name}:{where['line']}" if where else None,
+            "operator or setting": ev.get("operator") or ev.get("setting") or ev.get("guard"),
+            "graph break": (result.get("graph_break") or {}).get("id"), "next action": result["next_action"],
+            "seconds": round(sum(s["seconds"] for s in result["steps"]), 1), "analysis": f"{folder}/analysis.md"}
+
+
+def write_summary(out: Path, rows: list[dict]) -> None:
+    """summary.xlsx (a row per script, its conclusion coloured, a link to its analysis) and summary.json."""
+    from openpyxl import Workbook
+    from openpyxl.styles import Font, PatternFill
+
+    wb = Workbook()
+    ws = wb.active
+    ws.title = "scripts"
+    ws.append(SUMMARY_COLUMNS)
+    for c in ws[1]:
+        c.font = Font(bold=True)
+    for r in rows:
+        ws.append([r.get(k) for k in SUMMARY_COLUMNS])
+        row = ws.max_row
+        if r["conclusion"] in FILLS:
+            ws.cell(row, 2).fill = PatternFill("solid", fgColor=FILLS[r["conclusion"]])
+        if r.get("analysis"):
+            cell = ws.cell(row, len(SUMMARY_COLUMNS))
+            cell.hyperlink = r["analysis"]
+            cell.font = Font(color="0563C1", underline="single")
+    widths = {"script": 28, "rule": 22, "user line": 22, "operator or setting": 30, "next action": 90,
+              "analysis": 36}
+    for i, k in enumerate(SUMMARY_COLUMNS, 1):
+        ws.column_dimensions[ws.cell(1, i).column_letter].width = widths.get(k, 14)
+    ws.freeze_panes = "A2"
+    buf = io.BytesIO()
+    wb.save(buf)
+    write_bytes_atomic(out / "summary.xlsx", buf.getvalue())
+    write_json_atomic(out / "summary.json", rows)
