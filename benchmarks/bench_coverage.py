@@ -215,7 +215,8 @@ def build(request: Path, out: Path) -> dict:
     summary = json.loads(precision.read_text())["summary"] if precision.exists() else {}
     return {"request": request.name, "seconds": round(time.perf_counter() - start, 1), "status": status,
             "reason": reason, "cases": summary.get("total"), "passed": summary.get("passed"),
-            "failed": summary.get("failed"), "matches_float64": bool(summary.get("all_passed"))}
+            "skipped": summary.get("skipped"), "failed": summary.get("failed"),
+            "matches_float64": bool(summary.get("all_passed"))}
 
 
 def main() -> int:
@@ -272,7 +273,8 @@ def main() -> int:
         for request in sample:
             b = build(request, args.out)
             builds.append(b)
-            cases = f"{b['passed']} of {b['cases']} precision cases pass" if b["cases"] else "no precision report"
+            cases = (f"{b['passed']} of {b['cases']} precision cases pass" + (f", {b['skipped']} skipped (sizes the "
+                     "reference refuses)" if b["skipped"] else "")) if b["cases"] else "no precision report"
             why = "" if b["status"] == "SUCCESS" else f" ({b['reason']})"
             print(f"{b['request']:60.60s} {b['seconds']:7.1f} s  {b['status']}: {cases}{why}", flush=True)
         good = sum(b["status"] == "SUCCESS" and b["matches_float64"] for b in builds)
