@@ -25,6 +25,10 @@ def line_of(name: str, text: str) -> int:
 def diagnose(tmp_path: Path, name: str, *extra) -> tuple[int, dict]:
     script = tmp_path / f"{name}.py"
     script.write_text((EXAMPLES / f"{name}.py").read_text())
+    return diagnose_file(tmp_path, script, *extra)
+
+
+def diagnose_file(tmp_path: Path, script: Path, *extra) -> tuple[int, dict]:
     res = CliRunner().invoke(app, ["graph", "diagnose", str(script), "--out", str(tmp_path / "out"), *extra])
     assert res.exit_code in (0, 1), res.output
     return res.exit_code, json.loads((tmp_path / "out" / "result.json").read_text())
@@ -188,3 +192,88 @@ def test_a_folder_of_scripts_is_a_batch_with_one_summary(tmp_path):
     assert rows[0][:3] == ("script", "conclusion", "layer")
     assert [r[:3] for r in rows[1:]] == [("branch.py", "user_code", "dynamo"), ("clean.py", "clean", None)]
     assert (tmp_path / "batch" / "branch" / "analysis.md").exists() and (tmp_path / "batch" / "clean").is_dir()
+
+
+# a torch-npu wheel in miniature: the files and shapes `learn-npu` reads in the real one (a GE converter that
+# raises "not implemented", the converter layer's error messages class, a module reading the environment)
+NPU_WHEEL = {
+    "torch_npu-2.13.0.dist-info/METADATA": "Name: torch_npu\nVersion: 2.13.0\n",
+    "torch_npu/dynamo/torchair/_ge_concrete_graph/ge_converter/aten/erfinv.py": (
+        "@register_fx_node_ge_converter(torch.ops.aten.erfinv.default)\n"
+        "def conveter_aten_erfinv_default(self, meta_outputs=None):\n"
+        "    raise NotImplementedError(\"torch.ops.aten.erfinv.default ge_converter is not implemented!\")\n"),
+    "torch_npu/dynamo/torchair/_utils/error_messages.py": (
+        "class ConverterErrorMsg:\n"
+        "    _HEADER = \"Failed to auto-generated converter for {target} to AscendIR: \"\n"
+        "    SCALAR_INPUT = (\n"
+        "        _HEADER\n"
+        "        + \"this op has scalar input: {name}, not support auto-generate converter.\"\n"
+        "    )\n"
+        "    SO_LOAD_FAILED = \"Failed to load GetRegisteredIrDef from libge_runner.so.\"\n"),
+    "torch_npu/dynamo/torchair/core/_backend.py": "import os\nDEVICE = int(os.getenv('ASCEND_DEVICE_ID', '0'))\n",
+    "torch_npu/npu/utils.py": "import os\nLEVEL = os.getenv('NOT_GRAPH_MODE')\n",  # outside the graph modes
+}
+
+NPU_SCRIPT = '''
+import torch
+
+
+def npu(gm, example_inputs):  # stands in for torchair's backend, which converts each node to GE
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "erfinv" in str(node.target):
+            raise RuntimeError("torch.ops.aten.erfinv.default ge_converter is not implemented!")
+    return gm
+
+
+@torch.compile(backend=npu)
+def f(x):
+    return torch.erfinv(x) * 2
+
+
+print(f(torch.rand(8)))
+'''
+
+
+def test_learn_npu_reads_a_torch_npu_wheel_and_diagnose_names_the_missing_converter(tmp_path, monkeypatch):
+    import zipfile
+
+    wheel = tmp_path / "torch_npu-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in NPU_WHEEL.items():
+            z.writestr(name, text)
+    profile = tmp_path / "profile.json"
+    res = CliRunner().invoke(app, ["graph", "learn-npu", str(wheel), "--out", str(profile), "--json"])
+    assert res.exit_code == 0, res.output
+    learned = json.loads(profile.read_text())
+    assert learned["version"] == "2.13.0" and list(learned["converters_not_implemented"]) == [
+        "torch.ops.aten.erfinv.default"]
+    assert [m["id"] for m in learned["messages"]] == ["SCALAR_INPUT", "SO_LOAD_FAILED"]  # not the _HEADER part
+    assert learned["messages"][0]["template"].startswith("Failed to auto-generated converter for {target}")
+    assert list(learned["environment"]) == ["ASCEND_DEVICE_ID"]
+
+    monkeypatch.setenv("OPFORGE_NPU_PROFILE", str(profile))
+    script = tmp_path / "npu_compile.py"
+    script.write_text(NPU_SCRIPT.lstrip())
+    from opforge.skills.graph_diagnose import npu_profile
+
+    npu_profile.load.cache_clear()
+    code, r = diagnose_file(tmp_path, script)
+    assert (r["conclusion"], r["layer"], r["rule"]) == ("operator", "npu", "ge-converter-not-implemented")
+    assert r["evidence"]["operator"] == "torch.ops.aten.erfinv.default"
+    assert r["evidence"]["torch_npu_source"]["file"].endswith("ge_converter/aten/erfinv.py")
+    assert "torch_npu 2.13.0 ships no GE converter" in r["next_action"]
+
+
+@pytest.mark.parametrize("content, words", [(None, "no such wheel"), (b"not a zip", "not a wheel"),
+                                            ("empty-zip", "not a torch-npu wheel")])
+def test_learn_npu_bad_input_is_one_line_and_exit_2(tmp_path, content, words):
+    import zipfile
+
+    wheel = tmp_path / "x.whl"
+    if content == "empty-zip":
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("other/__init__.py", "")
+    elif content is not None:
+        wheel.write_bytes(content)
+    res = CliRunner().invoke(app, ["graph", "learn-npu", str(wheel), "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output

@@ -194,3 +194,44 @@ def graph_profile(
             typer.echo(f"fix: {f['fix']} ({f['seconds']:.2f} s)")
         typer.echo(f"wrote {out / 'profile.md'}")
     raise typer.Exit(1 if p["status"]["compiled"] != "ok" else 0)
+
+
+@graph_app.command("learn-npu")
+def graph_learn_npu(
+    wheel: Path = typer.Argument(..., help="a torch-npu wheel (pip download --no-deps torch-npu==VERSION)"),
+    out: Path = typer.Option(None, "--out", help="where the profile goes (default: the user's cache, where "
+                                                 "graph diagnose and graph logs look)"),
+    as_json: bool = typer.Option(False, "--json", help="print the profile's counts as JSON"),
+):
+    """Learn torch_npu's graph-mode profile from its wheel, read as data (never imported): the ops its GE
+    converters do not implement, the converter layer's error messages, the environment variables it reads."""
+    import zipfile
+
+    from opforge.skills.graph_diagnose.npu_profile import default_path, learn
+    from opforge.workspace.atomic import write_json_atomic
+
+    target = out or default_path()
+    try:
+        if not wheel.is_file():
+            raise InputError(str(wheel), "no such wheel")
+        try:
+            profile = learn(wheel)
+        except zipfile.BadZipFile:
+            raise InputError(str(wheel), "is not a wheel (not a zip archive)") from None
+        if not (profile["converters_not_implemented"] or profile["messages"]):
+            raise InputError(str(wheel), "holds no torchair or npugraph_ex sources: not a torch-npu wheel")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(target.parent, exc) from None
+    except InputError as exc:
+        _fail(exc.where, exc.what, as_json)
+    write_json_atomic(target, profile)
+    counts = {"version": profile["version"], "converters_not_implemented": len(profile["converters_not_implemented"]),
+              "messages": len(profile["messages"]), "environment": list(profile["environment"]), "profile": str(target)}
+    if as_json:
+        typer.echo(json.dumps(counts, indent=2))
+    else:
+        typer.echo(f"torch_npu {counts['version']}: {counts['converters_not_implemented']} ops without a GE converter, "
+                   f"{counts['messages']} converter error messages, {len(counts['environment'])} environment variables")
+        typer.echo(f"wrote {target}")

@@ -123,7 +123,8 @@ def _logs_env() -> dict:
 
 
 def match_signature(exception: dict | None) -> tuple[dict | None, dict]:
-    """The first rule whose pattern is in the exception's text, and the evidence its named groups caught."""
+    """The first rule whose pattern is in the exception's text, and the evidence its named groups caught; then,
+    with a learned torch_npu profile, torchair's own errors."""
     if not exception:
         return None, {}
     text = f"{exception['type']}: {exception['message']}"
@@ -131,7 +132,28 @@ def match_signature(exception: dict | None) -> tuple[dict | None, dict]:
         m = rule["pattern"].search(text)
         if m:
             return rule, {k: v for k, v in m.groupdict().items() if v}
-    return None, {}
+    return _npu_rule(text)
+
+
+def _npu_rule(text: str) -> tuple[dict | None, dict]:
+    from opforge.skills.graph_diagnose import npu_profile
+
+    profile = npu_profile.load()
+    found = npu_profile.match(profile, text) if profile else None
+    if not found:
+        return None, {}
+    words = _knowledge()["torch_npu"]
+    kind = "ge-converter-not-implemented" if found["id"] == "ge-converter-not-implemented" else "message"
+    rule = dict(words[kind])
+    if found.get("message_id") in words["environment_messages"]:
+        rule["conclusion"] = "environment"
+    names = {"version": profile.get("version"), "operator": found.get("operator") or "the op",
+             "file": found["source"]["file"], "line": found["source"]["line"],
+             "message_id": found.get("message_id")}
+    # the advice is complete here: {{ }} keeps the later .format() of every rule's advice from touching it
+    advice = rule["advice"].format(**names).replace("{", "{{").replace("}", "}}")
+    return {**rule, "id": found["id"], "advice": advice}, \
+        {k: v for k, v in {"operator": found.get("operator"), "torch_npu_source": found["source"]}.items() if v}
 
 
 def user_line(exception: dict, script: Path | None = None) -> dict | None:

@@ -81,6 +81,9 @@ def analysis_md(result: dict) -> str:
                            ("guard", "the guard that fails")):
             if ev.get(key):
                 lines.append(f"- {label}: `{ev[key]}`")
+        if ev.get("torch_npu_source"):
+            t = ev["torch_npu_source"]
+            lines.append(f"- raised in torch_npu at `{t['file']}:{t['line']}` (the learned profile)")
         if ev.get("registered_at"):
             r = ev["registered_at"]
             lines.append(f"- registered outside torch at `{r['file']}:{r['line']}`" +
