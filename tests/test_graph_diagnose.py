@@ -211,6 +211,10 @@ NPU_WHEEL = {
         "    )\n"
         "    SO_LOAD_FAILED = \"Failed to load GetRegisteredIrDef from libge_runner.so.\"\n"),
     "torch_npu/dynamo/torchair/core/_backend.py": "import os\nDEVICE = int(os.getenv('ASCEND_DEVICE_ID', '0'))\n",
+    "torch_npu/dynamo/torchair/_ge_concrete_graph/auto_functionalized_v2.py": (
+        "def ref(base, op):\n"
+        "    raise RuntimeError(f'Can not find input desc name of: {base} in op {op.name} '\n"
+        "                       'of auto_functionalize_v2')\n"),
     "torch_npu/npu/utils.py": "import os\nLEVEL = os.getenv('NOT_GRAPH_MODE')\n",  # outside the graph modes
 }
 
@@ -262,6 +266,16 @@ def test_learn_npu_reads_a_torch_npu_wheel_and_diagnose_names_the_missing_conver
     assert r["evidence"]["operator"] == "torch.ops.aten.erfinv.default"
     assert r["evidence"]["torch_npu_source"]["file"].endswith("ge_converter/aten/erfinv.py")
     assert "torch_npu 2.13.0 ships no GE converter" in r["next_action"]
+
+    # a log alone: another message the graph modes raise (an f-string in the wheel), told apart by its words
+    log = tmp_path / "npu.log"
+    log.write_text("Traceback (most recent call last):\n  File \"/work/train.py\", line 9, in <module>\n    f(x)\n"
+                   "RuntimeError: Can not find input desc name of: arg0_1 in op Scatter of auto_functionalize_v2\n")
+    res = CliRunner().invoke(app, ["graph", "logs", str(log), "--out", str(tmp_path / "log_out")])
+    r = json.loads((tmp_path / "log_out" / "result.json").read_text())
+    assert res.exit_code == 1 and r["rule"] == "torchair-in-place-without-functionalization"
+    assert r["conclusion"] == "operator" and r["evidence"]["torch_npu_source"]["line"] == 2
+    assert r["evidence"]["user_line"] == {"file": "/work/train.py", "line": 9, "function": "<module>", "code": "f(x)"}
 
 
 @pytest.mark.parametrize("content, words", [(None, "no such wheel"), (b"not a zip", "not a wheel"),

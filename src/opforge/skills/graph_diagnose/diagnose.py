@@ -143,8 +143,12 @@ def _npu_rule(text: str) -> tuple[dict | None, dict]:
     if not found:
         return None, {}
     words = _knowledge()["torch_npu"]
-    kind = "ge-converter-not-implemented" if found["id"] == "ge-converter-not-implemented" else "message"
-    rule = dict(words[kind])
+    if found["id"] == "torchair-raised":  # a message of the graph modes' own: its kind by what it speaks of
+        rule = next(dict(r, layer=None) for r in words["raised"] if re.search(r["match"], found["text"]))
+        found["id"] = f"torchair-{rule['kind']}"
+    else:
+        kind = "ge-converter-not-implemented" if found["id"] == "ge-converter-not-implemented" else "message"
+        rule = dict(words[kind])
     if found.get("message_id") in words["environment_messages"]:
         rule["conclusion"] = "environment"
     names = {"version": profile.get("version"), "operator": found.get("operator") or "the op",

@@ -52,10 +52,25 @@ def _template_pattern(template: str) -> str:
     return "".join(out)
 
 
+def _raised_pattern(node: ast.AST) -> str | None:
+    """A raised message as a regular expression: its constant parts literal, each formatted value any text.
+    None for a message too generic to tell apart (under three words of its own)."""
+    parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+    out, words = [], 0
+    for part in parts:
+        text = _strings(part, {})
+        if text is not None:
+            out.append(re.escape(text))
+            words += len(text.split())
+        else:
+            out.append(".+?")
+    return "".join(out) if words >= 3 else None
+
+
 def learn(wheel: Path) -> dict:
     """Read the wheel's graph-mode sources: converters that raise "not implemented", the converter layer's error
     messages, and the environment variables read."""
-    not_implemented, messages, env = {}, [], {}
+    not_implemented, messages, env, raised = {}, [], {}, []
     with zipfile.ZipFile(wheel) as z:
         meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), "")
         version = m["version"] if (m := re.match(r"[^/-]+-(?P<version>[^/-]+)\.dist-info/", meta)) else None
@@ -72,6 +87,9 @@ def learn(wheel: Path) -> dict:
                     m = NOT_IMPLEMENTED.match(text or "")
                     if m:
                         not_implemented[m["op"]] = {"file": name, "line": node.lineno}
+                    elif (pattern := _raised_pattern(node.exc.args[0])) is not None:
+                        raised.append({"pattern": pattern, "file": name, "line": node.lineno,
+                                       "exception": getattr(node.exc.func, "id", None)})
                 elif isinstance(node, ast.ClassDef) and node.name.endswith("ErrorMsg"):
                     consts: dict[str, str] = {}
                     for stmt in node.body:
@@ -96,7 +114,7 @@ def learn(wheel: Path) -> dict:
                     if var and var.isupper():
                         env.setdefault(var, {"file": name, "line": node.lineno})
     return {"wheel": wheel.name, "version": version, "converters_not_implemented": not_implemented,
-            "messages": messages, "environment": dict(sorted(env.items()))}
+            "messages": messages, "raised": raised, "environment": dict(sorted(env.items()))}
 
 
 @functools.cache
@@ -122,4 +140,8 @@ def match(profile: dict, text: str) -> dict | None:
             op = caught.get("target") or caught.get("name") or caught.get("ge_name")
             return {"id": f"torchair-{msg['id'].lower().replace('_', '-')}", "operator": op,
                     "source": {"file": msg["file"], "line": msg["line"]}, "message_id": msg["id"]}
+    for msg in profile.get("raised", []):  # any other message the graph modes raise: where, and what kind
+        if re.search(msg["pattern"], text, re.S):
+            return {"id": "torchair-raised", "operator": None, "source": {"file": msg["file"], "line": msg["line"]},
+                    "message_id": None, "text": text}
     return None
