@@ -23,6 +23,20 @@ def _fail(where: str, what: str, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+def _finish(out: Path, result: dict, as_json: bool) -> None:
+    """Write the result, print it (its summary line and next action, or result.json), exit 0 clean or 1."""
+    from opforge.skills.graph_diagnose.report import summary_line, write_result
+
+    write_result(out, result)
+    if as_json:
+        typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
+    else:
+        typer.echo(summary_line(result))
+        typer.echo(f"next: {result['next_action']}")
+        typer.echo(f"wrote {out / 'analysis.md'}")
+    raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
+
+
 def _check_script(script: Path) -> None:
     if not script.is_file():
         raise InputError(str(script), "no such script" if not script.exists() else "is not a file")
@@ -53,7 +67,6 @@ def graph_diagnose(
     """Find where and why torch.compile fails in a script: user code, framework bug, operator, runtime or
     environment, with the layer, the evidence and the next action."""
     from opforge.skills.graph_diagnose.diagnose import diagnose
-    from opforge.skills.graph_diagnose.report import summary_line, write_result
 
     try:
         scripts = sorted(script.glob("*.py")) if script.is_dir() else [script]
@@ -70,14 +83,7 @@ def graph_diagnose(
     with progress_console.status("as-is") as status:
         result = diagnose(script.resolve(), list(ctx.args), backend=backend, timeout=timeout, memory_gb=memory_gb,
                           check=check, progress=lambda step: status.update(f"{script.name}: step {step}"))
-    write_result(out, result)
-    if as_json:
-        typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
-    else:
-        typer.echo(summary_line(result))
-        typer.echo(f"next: {result['next_action']}")
-        typer.echo(f"wrote {out / 'analysis.md'}")
-    raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
+    _finish(out, result, as_json)
 
 
 def _diagnose_batch(scripts: list[Path], out: Path, args: list[str], *, as_json: bool, **options) -> None:
@@ -128,7 +134,6 @@ def graph_logs(
 
     from opforge.skills.graph_diagnose.diagnose import conclude_log
     from opforge.skills.graph_diagnose.logs import events, is_trace_log, trace_events
-    from opforge.skills.graph_diagnose.report import summary_line, write_result
 
     try:
         if not log.exists():
@@ -152,14 +157,7 @@ def graph_logs(
     except InputError as exc:
         _fail(exc.where, exc.what, as_json)
     result = conclude_log(ev, str(log))
-    write_result(out, result)
-    if as_json:
-        typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
-    else:
-        typer.echo(summary_line(result))
-        typer.echo(f"next: {result['next_action']}")
-        typer.echo(f"wrote {out / 'analysis.md'}")
-    raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
+    _finish(out, result, as_json)
 
 
 @graph_app.command("profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
