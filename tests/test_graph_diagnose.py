@@ -49,6 +49,8 @@ def test_a_custom_op_without_a_fake_kernel_is_an_operator_problem_named(tmp_path
     code, r = diagnose(tmp_path, "no_fake")
     assert (r["conclusion"], r["layer"], r["evidence"]["operator"]) == ("operator", "fake", "diag::twice")
     assert "twice.register_fake" in r["next_action"]
+    # opcheck on the op's first eager call: the fake-tensor tests fail for want of a fake kernel
+    assert "no fake impl" in r["evidence"]["opcheck"]["diag.twice.default"]["test_faketensor"]
     assert r["evidence"]["user_line"]["line"] == line_of("no_fake", "twice(x).sin()")  # the call in the compiled fn
 
 
@@ -56,6 +58,8 @@ def test_a_fake_kernel_with_the_wrong_shape_is_found_at_the_compiled_code(tmp_pa
     code, r = diagnose(tmp_path, "wrong_fake")
     assert (r["conclusion"], r["layer"], r["rule"]) == ("operator", "fake", "wrong-fake-shape")
     assert "diag.head" in r["evidence"]["operator"]
+    fake_test = r["evidence"]["opcheck"]["diag.head.default"]["test_faketensor"]  # opcheck on its first eager call
+    assert "torch.Size([4, 3]) and torch.Size([8, 3])" in fake_test
     # the generic backends run the real kernel after the fake one and never compare them: the ladder passes
     assert [s["status"] for s in r["steps"][2:]] == ["ok", "ok", "ok"]
 

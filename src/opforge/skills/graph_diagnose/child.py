@@ -21,6 +21,42 @@ CHECK_ENV = "OPFORGE_GRAPH_CHECK"  # "1": each compiled call is compared with th
 DROP_ENV = "OPFORGE_GRAPH_DROP_FOREIGN"  # "1": Inductor's tables lose the entries defined outside torch
 TIME_ENV = "OPFORGE_GRAPH_TIME"  # "1": each call of a compiled function is timed (eagerly too, under no-compile)
 TIMINGS: dict[str, dict] = {}  # "file:line name" of a compiled function -> its calls' seconds
+OPCHECK_ENV = "OPFORGE_GRAPH_OPCHECK"  # "1": custom ops seen running eagerly are checked with opcheck at exit
+BUILTIN_NAMESPACES = {"aten", "prim", "prims", "_c10d_functional", "c10d", "profiler", "debugprims"}
+SEEN_OPS: dict = {}  # custom OpOverload -> the arguments of its first call (tensors cloned)
+
+
+def _record_custom_ops():
+    """A dispatch mode that keeps the first call of every op outside torch's own namespaces."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.namespace not in BUILTIN_NAMESPACES and func not in SEEN_OPS:
+                copy = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone(), (args, kwargs))
+                SEEN_OPS[func] = copy
+            return func(*args, **kwargs)
+
+    mode = Record()
+    mode.__enter__()
+    return mode
+
+
+def opcheck_seen() -> dict:
+    """torch.library.opcheck on each custom op seen, with its first call's arguments: which of its tests
+    (schema, autograd registration, fake tensor, AOT dispatch) fail, and how."""
+    import torch
+
+    out = {}
+    for op, (args, kwargs) in SEEN_OPS.items():
+        try:
+            report = torch.library.opcheck(op, args, kwargs, raise_exception=False)
+        except Exception as exc:  # noqa: BLE001 - opcheck itself refusing the op is its verdict
+            report = {"opcheck": f"{type(exc).__name__}: {exc}"}
+        out[str(op)] = {k: v if v == "SUCCESS" else str(v).strip().splitlines()[0][:400] for k, v in report.items()}
+    return out
 
 
 class CompiledMismatch(AssertionError):
@@ -143,8 +179,11 @@ def main(argv: list[str]) -> int:
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
+    mode = None
     try:
         _patch_compile(step)
+        if os.environ.get(OPCHECK_ENV) == "1":
+            mode = _record_custom_ops()
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:  # the script's own exit status is its verdict
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -159,6 +198,9 @@ def main(argv: list[str]) -> int:
                                 "cause": f"{type(cause).__module__}.{type(cause).__qualname__}"
                                 if cause is not exc else None}
         code = 1
+    if mode is not None:
+        mode.__exit__(None, None, None)
+        outcome["opcheck"] = opcheck_seen()
     outcome["backends"] = BACKENDS
     outcome["timings"] = TIMINGS
     outcome["foreign"] = foreign_entries() if "torch" in sys.modules else []

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from opforge.skills.graph_diagnose.child import CHECK_ENV, DROP_ENV
+from opforge.skills.graph_diagnose.child import CHECK_ENV, DROP_ENV, OPCHECK_ENV
 from opforge.skills.graph_diagnose.logs import events
 
 LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition")
@@ -86,6 +86,7 @@ class Step:
     log: str = ""
     foreign: list[dict] = field(default_factory=list)  # Inductor table entries defined outside torch
     timings: dict = field(default_factory=dict)  # compiled function -> its calls' seconds (OPFORGE_GRAPH_TIME)
+    opcheck: dict = field(default_factory=dict)  # custom op -> opcheck's tests and verdicts (no-compile only)
 
 
 def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb: float | None = None,
@@ -113,7 +114,7 @@ def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb
                + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""), "frames": []}
     status = "ok" if r.returncode == 0 else "failed"
     return Step(label or step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr,
-                outcome.get("foreign", []), outcome.get("timings", {}))
+                outcome.get("foreign", []), outcome.get("timings", {}), outcome.get("opcheck", {}))
 
 
 def _logs_env() -> dict:
@@ -227,7 +228,7 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
                                      f"graph break(s), {len(ev['recompiles'])} recompile(s), below what makes a "
                                      "finding).")
         return {**result, "events": ev}
-    plain = step("no-compile")
+    plain = step("no-compile", {OPCHECK_ENV: "1"})  # and the custom ops it runs checked by opcheck
     compiled = bool(first.backends) or plain.status == "ok"
     failing = first
     if plain.status != "ok" and (not compiled or _same_failure(plain, first)):
@@ -255,7 +256,11 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
                 result = _result(script, args, steps, failing, None, None, {}, layer)
                 return {**_foreign_result(result, foreign), "events": ev}
     rule, caught = match_signature(failing.exception)
-    return {**_result(script, args, steps, failing, None, rule, caught, layer), "events": ev}
+    result = _result(script, args, steps, failing, None, rule, caught, layer)
+    failed = {op: {t: v for t, v in tests.items() if v != "SUCCESS"} for op, tests in plain.opcheck.items()}
+    if any(failed.values()):  # what opcheck says of the custom ops: a missing or wrong registration, by test
+        result["evidence"]["opcheck"] = {op: tests for op, tests in failed.items() if tests}
+    return {**result, "events": ev}
 
 
 def _foreign_result(result: dict, foreign: list[dict]) -> dict:

@@ -81,6 +81,9 @@ def analysis_md(result: dict) -> str:
                            ("guard", "the guard that fails")):
             if ev.get(key):
                 lines.append(f"- {label}: `{ev[key]}`")
+        for op, tests in (ev.get("opcheck") or {}).items():
+            lines += [f"- opcheck on `{op}` (its first eager call's arguments):"]
+            lines += [f"  - `{test}` fails: {why}" for test, why in tests.items()]
         if ev.get("torch_npu_source"):
             t = ev["torch_npu_source"]
             lines.append(f"- raised in torch_npu at `{t['file']}:{t['line']}` (the learned profile)")
