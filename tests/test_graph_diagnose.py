@@ -295,3 +295,13 @@ def test_learn_npu_bad_input_is_one_line_and_exit_2(tmp_path, content, words):
         wheel.write_bytes(content)
     res = CliRunner().invoke(app, ["graph", "learn-npu", str(wheel), "--out", str(tmp_path / "p.json")])
     assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
+
+
+def test_a_wrong_result_no_registration_explains_is_bisected_to_the_decomposition(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    code, r = diagnose(tmp_path, "partial_decomposition", "--check")
+    assert (r["conclusion"], r["layer"], r["located"], r["rule"]) == ("framework_bug", "aot_autograd", True,
+                                                                      "bisected")
+    assert r["evidence"]["bisect"]["subsystem"] == "decomposition"
+    assert r["evidence"]["operator"] == "aten.sigmoid.default"
+    assert [s["step"] for s in r["steps"]][-1] == "bisect"  # the foreign-entry check found nothing to take away

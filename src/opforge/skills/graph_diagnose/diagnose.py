@@ -117,6 +117,27 @@ def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb
                 outcome.get("foreign", []), outcome.get("timings", {}), outcome.get("opcheck", {}))
 
 
+def run_bisect(script: Path, args: list[str], timeout: float, memory_gb: float | None) -> tuple[Step, dict | None]:
+    """torch's CompilerBisector on the script in a child process (bisect.py): the backend, subsystem and the
+    application of it (a decomposition, a pass, a lowering) from which the results differ."""
+    with tempfile.TemporaryDirectory(prefix="opforge-bisect-") as tmp:
+        record = Path(tmp) / "bisect.json"
+        cmd = [sys.executable, "-m", "opforge.skills.graph_diagnose.bisect", str(record), str(script), *args]
+        limit = int(memory_gb * (1 << 30)) if memory_gb else None
+        start = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=script.parent,
+                               env={**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"},
+                               preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+                               if limit else None)
+        except subprocess.TimeoutExpired:
+            return Step("bisect", "timeout", round(time.perf_counter() - start, 2), None, None), None
+        found = json.loads(record.read_text()).get("result") if record.exists() else None
+    status = "ok" if r.returncode == 0 else "failed"
+    return Step("bisect", status, round(time.perf_counter() - start, 2), r.returncode, None,
+                log=r.stdout + r.stderr), found
+
+
 def _logs_env() -> dict:
     """TORCH_LOGS with graph breaks and recompiles added to what the user asked for."""
     asked = [x for x in os.environ.get("TORCH_LOGS", "").split(",") if x.strip()]
@@ -256,11 +277,35 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
                 result = _result(script, args, steps, failing, None, None, {}, layer)
                 return {**_foreign_result(result, foreign), "events": ev}
     rule, caught = match_signature(failing.exception)
+    if rule is not None and rule["id"] == "wrong-result" and failing.name != "no-compile":
+        if progress:
+            progress("bisect")
+        bisect_step, found = run_bisect(script, args, timeout, memory_gb)
+        steps.append(bisect_step)
+        if found and found.get("subsystem"):
+            result = _result(script, args, steps, failing, None, rule, caught, layer)
+            return {**_bisect_result(result, found), "events": ev}
     result = _result(script, args, steps, failing, None, rule, caught, layer)
     failed = {op: {t: v for t, v in tests.items() if v != "SUCCESS"} for op, tests in plain.opcheck.items()}
     if any(failed.values()):  # what opcheck says of the custom ops: a missing or wrong registration, by test
         result["evidence"]["opcheck"] = {op: tests for op, tests in failed.items() if tests}
     return {**result, "events": ev}
+
+
+BISECT_LAYER = {"eager": "dynamo", "aot_eager": "aot_autograd", "aot_eager_decomp_partition": "aot_autograd",
+                "inductor": "inductor"}
+
+
+def _bisect_result(result: dict, found: dict) -> dict:
+    """CompilerBisector named the subsystem, and the application of it, from which the results differ."""
+    rule = _knowledge()["experiments"]["bisected"]
+    op = re.search(r"op='(?P<op>[\w.:]+)', overload='(?P<overload>\w+)'", found.get("debug_info") or "")
+    operator = f"{op['op']}.{op['overload']}" if op else None
+    evidence = {**result["evidence"], "bisect": found, **({"operator": operator} if operator else {})}
+    advice = rule["advice"].format(backend=found["backend"], subsystem=found["subsystem"],
+                                   number=found["bisect_number"], what=found.get("debug_info") or "")
+    return {**result, "conclusion": rule["conclusion"], "layer": BISECT_LAYER.get(found["backend"], found["backend"]),
+            "located": True, "rule": "bisected", "evidence": evidence, "next_action": advice}
 
 
 def _foreign_result(result: dict, foreign: list[dict]) -> dict:

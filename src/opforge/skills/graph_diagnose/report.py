@@ -84,6 +84,10 @@ def analysis_md(result: dict) -> str:
         for op, tests in (ev.get("opcheck") or {}).items():
             lines += [f"- opcheck on `{op}` (its first eager call's arguments):"]
             lines += [f"  - `{test}` fails: {why}" for test, why in tests.items()]
+        if ev.get("bisect"):
+            b = ev["bisect"]
+            lines.append(f"- CompilerBisector: backend `{b['backend']}`, subsystem `{b['subsystem']}`, application "
+                         f"{b['bisect_number']}: {b['debug_info']}")
         if ev.get("torch_npu_source"):
             t = ev["torch_npu_source"]
             lines.append(f"- raised in torch_npu at `{t['file']}:{t['line']}` (the learned profile)")
