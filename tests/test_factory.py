@@ -64,6 +64,21 @@ def test_workspace_tests_run_with_plain_pytest(ws_copy):
     assert proc.returncode == 0, proc.stdout[-2000:]
 
 
+def test_a_test_that_fails_before_recording_its_case_is_named_in_the_precision_report(ws_copy):
+    from opforge.skills.op_develop.stage import precision_report, run_tests
+
+    ws = Workspace(ws_copy, OP)
+    test = ws_copy / ws.test
+    # first in the file, so that -x stops there: it fails before any case is recorded, as an out-of-memory would
+    test.write_text(test.read_text().replace("\ndef ", "\ndef test_aa_first():\n    raise MemoryError('no room')\n\n\n"
+                                             "def ", 1))
+    rc, line, records, failed = run_tests(ws)
+    report = precision_report(records, rc, line, failed)
+    assert rc == 1 and not records and not report["summary"]["all_passed"]
+    assert len(failed) == 1 and "test_aa_first - MemoryError: no room" in failed[0]
+    assert report["summary"]["failed_tests"] == failed
+
+
 def test_workspace_tests_skip_determinism_in_the_interpreter_and_say_why(ws_copy):
     # TRITON_INTERPRET unset: the impl interprets its own kernels and leaves the switch unset, so only the impl
     # can tell the test file where its kernels run; a determinism test that cannot fail there is not a pass

@@ -61,7 +61,9 @@ def render_readme(req: Request, spec: dict, precision: dict | None, perf: dict |
     return "\n".join(lines)
 
 
-def run_tests(ws: Workspace) -> tuple[int, str, list[dict]]:
+def run_tests(ws: Workspace) -> tuple[int, str, list[dict], list[str]]:
+    """pytest on the workspace's tests: its exit code, its last line, the cases' records, and the short summary's
+    FAILED/ERROR lines (a test that fails before recording its case names itself only there)."""
     rec = ws.path(RECORDS)
     rec.unlink(missing_ok=True)
     env = {**os.environ, RECORD_ENV: str(rec)}
@@ -71,7 +73,8 @@ def run_tests(ws: Workspace) -> tuple[int, str, list[dict]]:
     records = read_records(rec)
     rec.unlink(missing_ok=True)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
-    return proc.returncode, tail[-1] if tail else "", records
+    failed = [ln.strip()[:400] for ln in tail if ln.startswith(("FAILED ", "ERROR "))]
+    return proc.returncode, tail[-1] if tail else "", records, failed
 
 
 def compile_args(ws: Workspace, arch: str) -> list[str]:
@@ -95,7 +98,7 @@ def compile_for_gpu(ws: Workspace, arch: str) -> str | None:
     return None
 
 
-def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> dict:
+def precision_report(records: list[dict], pytest_rc: int, pytest_line: str, failed_tests=()) -> dict:
     total = len(records)
     skipped = sum(bool(r.get("skipped")) for r in records)
     passed = sum(r["passed"] and not r.get("skipped") for r in records)
@@ -111,7 +114,7 @@ def precision_report(records: list[dict], pytest_rc: int, pytest_line: str) -> d
             w["max_ulp"] = max(w["max_ulp"], int(o.get("max_ulp") or 0))
     return {"summary": {"total": total, "passed": passed, "skipped": skipped, "failed": total - passed - skipped,
                         "interpreter_blocks": sum(bool(r.get("interpreter_blocks")) for r in records),
-                        "pytest_rc": pytest_rc, "pytest": pytest_line,
+                        "pytest_rc": pytest_rc, "pytest": pytest_line, "failed_tests": list(failed_tests),
                         "all_passed": pytest_rc == 0 and passed + skipped == total and passed > 0},
             "per_output": worst, "numerics_vs_eager": numerics_vs_eager(records), "cases": records}
 
@@ -242,8 +245,8 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
     trouble = compile_for_gpu(ws, arch)
     if trouble:
         return StageOutcome("failed", f"could not compile the kernels for {arch}: {trouble}")
-    rc, line, records = run_tests(ws)
-    report = precision_report(records, rc, line)
+    rc, line, records, failed = run_tests(ws)
+    report = precision_report(records, rc, line, failed)
     write_json_atomic(ws.path("precision.json"), report)
     write_text_atomic(ws.path("PRECISION.md"), render_precision(req.name, report))
     write_text_atomic(ws.path("README.md"), render_readme(req, spec, report))

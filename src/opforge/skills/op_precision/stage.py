@@ -73,7 +73,9 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
             md += f"  - no single fused step diverges: {why}.\n"
     if not localisation:
         md += f"- no output failed its comparison; the test run itself failed: `{s['pytest']}`\n"
+        md += "".join(f"  - `{t}`\n" for t in s.get("failed_tests", []))
     write_text_atomic(ws.path("PRECISION.md"), md)
-    return StageOutcome("failed", f"precision failed ({s['failed']} of {s['total']} cases; {s['pytest']}); "
+    first = f"; first: {s['failed_tests'][0]}" if s.get("failed_tests") else ""
+    return StageOutcome("failed", f"precision failed ({s['failed']} of {s['total']} cases; {s['pytest']}{first}); "
                                   "the deterministic engine has no other lowering to try",
                         artifacts=["PRECISION.md", "precision.json"], retryable=False)
