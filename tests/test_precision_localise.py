@@ -32,9 +32,9 @@ def test_stage6_names_the_planted_step(ws_copy):
     planted = plant(ws_copy)
     state = load_state(ws_copy)
     ws = Workspace(ws_copy, state.op_name)
-    rc, line, records = run_tests(ws)
+    rc, line, records, failed = run_tests(ws)
     assert rc != 0
-    write_json_atomic(ws.path("precision.json"), precision_report(records, rc, line))
+    write_json_atomic(ws.path("precision.json"), precision_report(records, rc, line, failed))
     outcome = run_stage6(ws, load_request(ws_copy / "request"), state)
     assert outcome.status == "failed"
     loc = json.loads(ws.path("precision.json").read_text())["localisation"]

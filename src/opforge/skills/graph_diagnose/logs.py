@@ -124,16 +124,26 @@ def is_trace_log(path) -> bool:
     return '"dynamo_start"' in head or '"has_payload"' in head or '"string_table"' in head
 
 
+def tlparse_path() -> str | None:
+    """tlparse beside this interpreter (its wheel installs the binary into the environment's bin/, which a venv
+    run without activation does not have on PATH), else on PATH."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "tlparse"
+    return str(beside) if beside.is_file() else shutil.which("tlparse")
+
+
 def trace_events(logs: list, workdir) -> dict:
     """The same events from TORCH_TRACE logs, through tlparse (which resolves the payloads and string tables):
     graph breaks from the `dynamo_graph_break_reason` artifacts, recompiles, failures and compile times from
     each compilation's `compilation_metrics`."""
     import json
-    import shutil
     import subprocess
     from pathlib import Path
 
-    tool = shutil.which("tlparse")
+    tool = tlparse_path()
     if tool is None:
         raise FileNotFoundError("tlparse")
     out = {"graph_breaks": [], "recompiles": [], "recompile_limits": [], "error": None, "compiles": []}
