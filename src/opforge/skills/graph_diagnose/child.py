@@ -1,6 +1,6 @@
 """Runs the user's script in this (child) process with one step of the backend ladder, and records how it ended.
 
-    python -m opforge.skills.graph_diagnose.child STEP RECORD SCRIPT [ARGS...]
+    python -m opforge.skills.graph_diagnose.child RECORD STEP SCRIPT [ARGS...]
 
 STEP is `as-is` (the script untouched), `no-compile` (torch.compile calls run eagerly: the stance
 `force_eager`), or a backend name that replaces every backend the script passes to torch.compile. RECORD is the
@@ -174,7 +174,7 @@ def _frames(exc: BaseException) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    step, record, script, *args = argv
+    record, step, script, *args = argv
     outcome: dict = {"step": step, "exception": None}
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -20,14 +20,12 @@ from pathlib import Path
 import yaml
 
 from opforge.skills.graph_diagnose.child import CHECK_ENV, DROP_ENV, OPCHECK_ENV
-from opforge.skills.graph_diagnose.logs import events
+from opforge.skills.graph_diagnose.logs import GB_ID, events
 
 LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition")
 # the layer a failure belongs to when it first shows at a step: each step adds one to the one before it
 LAYER_OF_STEP = {"eager": "dynamo", "aot_eager": "aot_autograd", "aot_eager_decomp_partition": "aot_autograd",
                  "no-compile": "user"}
-CONCLUSIONS = ("user_code", "framework_bug", "operator", "runtime", "environment")
-GB_URL = re.compile(r"/gb/gb(\d{4})\.html", re.I)
 USER_FRAME = re.compile(r'from user code:\s*\n\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
@@ -89,53 +87,53 @@ class Step:
     opcheck: dict = field(default_factory=dict)  # custom op -> opcheck's tests and verdicts (no-compile only)
 
 
-def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb: float | None = None,
-             env: dict | None = None, label: str | None = None) -> Step:
-    """The script in a child process with one step of the ladder (named `label` in the result); the user's
-    environment otherwise."""
+def _child(module: str, argv: list[str], script: Path, timeout: float, memory_gb: float | None,
+           env: dict) -> tuple[subprocess.CompletedProcess | None, str, float, dict]:
+    """`python -m MODULE RECORD *argv` in the script's folder, the user's environment with `env` over it, a time
+    limit and an optional address-space limit. Returns the process (None past the time limit), its output, its
+    seconds and the JSON record it wrote ({} if none)."""
     with tempfile.TemporaryDirectory(prefix="opforge-graph-") as tmp:
         record = Path(tmp) / "record.json"
-        cmd = [sys.executable, "-m", "opforge.skills.graph_diagnose.child", step, str(record), str(script), *args]
         limit = int(memory_gb * (1 << 30)) if memory_gb else None
         start = time.perf_counter()
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=script.parent,
-                               env={**os.environ, **(env or {})},
+            r = subprocess.run([sys.executable, "-m", module, str(record), *argv], capture_output=True, text=True,
+                               timeout=timeout, cwd=script.parent, env={**os.environ, **env},
                                preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
                                if limit else None)
         except subprocess.TimeoutExpired as exc:
             out = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
-            return Step(label or step, "timeout", round(time.perf_counter() - start, 2), None, None, log=out)
+            return None, out, round(time.perf_counter() - start, 2), {}
         seconds = round(time.perf_counter() - start, 2)
-        outcome = json.loads(record.read_text()) if record.exists() else {}
+        return r, r.stdout + r.stderr, seconds, json.loads(record.read_text()) if record.exists() else {}
+
+
+def run_step(script: Path, args: list[str], step: str, timeout: float, memory_gb: float | None = None,
+             env: dict | None = None, label: str | None = None) -> Step:
+    """The script in a child process with one step of the ladder (named `label` in the result); the user's
+    environment otherwise."""
+    r, log, seconds, outcome = _child("opforge.skills.graph_diagnose.child", [step, str(script), *args], script,
+                                      timeout, memory_gb, env or {})
+    if r is None:
+        return Step(label or step, "timeout", seconds, None, None, log=log)
     exc = outcome.get("exception")
     if exc is None and r.returncode != 0 and not outcome:  # killed before it could write (a signal, the OOM killer)
         exc = {"type": "signal" if r.returncode < 0 else "exit", "message": f"the process ended with {r.returncode}"
                + (f": {r.stderr.strip().splitlines()[-1]}" if r.stderr.strip() else ""), "frames": []}
     status = "ok" if r.returncode == 0 else "failed"
-    return Step(label or step, status, seconds, r.returncode, exc, outcome.get("backends", []), r.stdout + r.stderr,
+    return Step(label or step, status, seconds, r.returncode, exc, outcome.get("backends", []), log,
                 outcome.get("foreign", []), outcome.get("timings", {}), outcome.get("opcheck", {}))
 
 
 def run_bisect(script: Path, args: list[str], timeout: float, memory_gb: float | None) -> tuple[Step, dict | None]:
     """torch's CompilerBisector on the script in a child process (bisect.py): the backend, subsystem and the
     application of it (a decomposition, a pass, a lowering) from which the results differ."""
-    with tempfile.TemporaryDirectory(prefix="opforge-bisect-") as tmp:
-        record = Path(tmp) / "bisect.json"
-        cmd = [sys.executable, "-m", "opforge.skills.graph_diagnose.bisect", str(record), str(script), *args]
-        limit = int(memory_gb * (1 << 30)) if memory_gb else None
-        start = time.perf_counter()
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=script.parent,
-                               env={**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"},
-                               preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
-                               if limit else None)
-        except subprocess.TimeoutExpired:
-            return Step("bisect", "timeout", round(time.perf_counter() - start, 2), None, None), None
-        found = json.loads(record.read_text()).get("result") if record.exists() else None
-    status = "ok" if r.returncode == 0 else "failed"
-    return Step("bisect", status, round(time.perf_counter() - start, 2), r.returncode, None,
-                log=r.stdout + r.stderr), found
+    r, log, seconds, outcome = _child("opforge.skills.graph_diagnose.bisect", [str(script), *args], script, timeout,
+                                      memory_gb, {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
+    if r is None:
+        return Step("bisect", "timeout", seconds, None, None), None
+    return Step("bisect", "ok" if r.returncode == 0 else "failed", seconds, r.returncode, None, log=log), \
+        outcome.get("result")
 
 
 def _logs_env() -> dict:
@@ -204,10 +202,12 @@ def framework_frame(exception: dict) -> dict | None:
 
 
 def graph_break(exception: dict | None) -> dict | None:
-    m = GB_URL.search(exception.get("message", "")) if exception else None
-    if not m:
-        return None
-    gb_id = f"GB{m[1]}"
+    """The registry entry of the graph break an exception's message links to, if any."""
+    m = GB_ID.search(exception.get("message", "")) if exception else None
+    return registry_entry(f"GB{m[1]}") if m else None
+
+
+def registry_entry(gb_id: str) -> dict:
     entry = (graph_break_registry().get(gb_id) or [{}])[0]
     return {"id": gb_id, "type": entry.get("Gb_type"), "explanation": entry.get("Explanation"),
             "hints": entry.get("Hints", [])}
@@ -292,10 +292,6 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
     return {**result, "events": ev}
 
 
-BISECT_LAYER = {"eager": "dynamo", "aot_eager": "aot_autograd", "aot_eager_decomp_partition": "aot_autograd",
-                "inductor": "inductor"}
-
-
 def _bisect_result(result: dict, found: dict) -> dict:
     """CompilerBisector named the subsystem, and the application of it, from which the results differ."""
     rule = _knowledge()["experiments"]["bisected"]
@@ -304,7 +300,7 @@ def _bisect_result(result: dict, found: dict) -> dict:
     evidence = {**result["evidence"], "bisect": found, **({"operator": operator} if operator else {})}
     advice = rule["advice"].format(backend=found["backend"], subsystem=found["subsystem"],
                                    number=found["bisect_number"], what=found.get("debug_info") or "")
-    return {**result, "conclusion": rule["conclusion"], "layer": BISECT_LAYER.get(found["backend"], found["backend"]),
+    return {**result, "conclusion": rule["conclusion"], "layer": LAYER_OF_STEP.get(found["backend"], found["backend"]),
             "located": True, "rule": "bisected", "evidence": evidence, "next_action": advice}
 
 
@@ -314,7 +310,7 @@ def _foreign_result(result: dict, foreign: list[dict]) -> dict:
     first = foreign[0]
     where = {"file": first["file"], "line": first["line"]}
     evidence = {**result["evidence"], "operator": first["op"], "foreign": foreign,
-                "registered_at": {**where, "code": _line_text(where)}}
+                "registered_at": _with_code(where)}
     advice = rule["advice"].format(table=first["table"], operator=first["op"], file=first["file"],
                                    line=first["line"])
     return {**result, "conclusion": rule["conclusion"], "layer": rule["layer"], "located": True,
@@ -323,8 +319,8 @@ def _foreign_result(result: dict, foreign: list[dict]) -> dict:
 
 def _event_result(result: dict, finding: dict, ev: dict) -> dict:
     """A run that finishes but whose logs show graph breaks or recompiles: a finding about its graphs."""
-    where = {**finding["user_line"], "code": _line_text(finding["user_line"])}
-    gb = graph_break({"message": f"/gb/gb{finding['gb_id'][2:]}.html"}) if finding.get("gb_id") else None
+    where = _with_code(finding["user_line"])
+    gb = registry_entry(finding["gb_id"]) if finding.get("gb_id") else None
     evidence = {"step": "as-is", "exception": None, "user_line": where,
                 **({"guard": finding["guard"]} if finding.get("guard") else {})}
     return {**result, "conclusion": finding["conclusion"], "layer": finding["layer"], "located": None,
@@ -347,9 +343,7 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
                 "graph_break": None, "next_action": "Nothing to fix: the script runs to the end as it is, without "
                 "graph breaks or recompiles.", "runs": True}
     exc = failing.exception
-    where = user_line(exc, script) if exc else None
-    if where:
-        where = {**where, "code": _line_text(where)}
+    where = _with_code(user_line(exc, script)) if exc else None
     evidence = {"step": failing.name, "exception": _short(exc), "user_line": where, **caught}
     if failing.status == "timeout":
         conclusion = "user_code" if failing.name == "no-compile" else "framework_bug"
@@ -362,10 +356,7 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
     elif rule is not None:
         conclusion = rule["conclusion"]
         layer = rule["layer"] or ladder_layer
-        names = {"operator": caught.get("operator", "the operator"),
-                 "name": caught.get("operator", "op").split("::")[-1].split(".")[0],
-                 "module": caught.get("module", "the module"), "setting": caught.get("setting", "")}
-        advice, rule_id, located = rule["advice"].format(**names), rule["id"], None
+        advice, rule_id, located = rule["advice"].format(**_advice_words(caught)), rule["id"], None
         if conclusion == "framework_bug":
             located = True
     else:  # a failure in a layer no rule explains: the framework, found at the ladder's step
@@ -382,6 +373,18 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
     return {**base, "conclusion": conclusion, "layer": layer, "located": located if conclusion == "framework_bug"
             else None, "rule": rule_id, "evidence": evidence, "graph_break": graph_break(exc),
             "next_action": advice, "failing_step": failing.name, "runs": False}
+
+
+def _advice_words(caught: dict) -> dict:
+    """What a signature's advice may name: the operator (and its bare name), the module, the setting."""
+    return {"operator": caught.get("operator", "the operator"),
+            "name": caught.get("operator", "op").split("::")[-1].split(".")[0],
+            "module": caught.get("module", "the module"), "setting": caught.get("setting", "")}
+
+
+def _with_code(where: dict | None) -> dict | None:
+    """A user line with its source text."""
+    return {**where, "code": _line_text(where)} if where else None
 
 
 def _last_passing(step: str) -> str:
@@ -424,17 +427,12 @@ def conclude_log(ev: dict, source: str) -> dict:
         found = _event_result(clean, finding, ev)
         return {**found, "failing_step": None, "evidence": {**found["evidence"], "step": None}}
     rule, caught = match_signature(exc)
-    where = user_line(exc)
-    if where:
-        where = {**where, "code": _line_text(where)}
+    where = _with_code(user_line(exc))
     evidence = {"step": None, "exception": _short(exc), "user_line": where, **caught}
     if rule is not None:
-        names = {"operator": caught.get("operator", "the operator"),
-                 "name": caught.get("operator", "op").split("::")[-1].split(".")[0],
-                 "module": caught.get("module", "the module"), "setting": caught.get("setting", "")}
         return {**base, "conclusion": rule["conclusion"], "layer": rule["layer"] or layer_of(exc), "located": None,
                 "rule": rule["id"], "evidence": evidence, "graph_break": graph_break(exc),
-                "next_action": rule["advice"].format(**names), "runs": False}
+                "next_action": rule["advice"].format(**_advice_words(caught)), "runs": False}
     frame = framework_frame(exc)
     if frame:
         evidence["framework_frame"] = frame

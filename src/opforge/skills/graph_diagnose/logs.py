@@ -65,18 +65,26 @@ def _user_line(text: str, after: str | None = None) -> dict | None:
     return {"file": m["file"], "line": int(m["line"]), "function": m["function"]}
 
 
+def graph_break_of(lines: list[str], frame: str | None) -> dict | None:
+    """A graph-break report (a `graph_breaks` log record, or a trace's `dynamo_graph_break_reason` payload):
+    where in the user's code, the reason (its first line after the header) and the registry's GB id."""
+    m = BREAK_AT.search(lines[0]) if lines else None
+    if not m:
+        return None
+    reason = next((ln.strip() for ln in lines[1:] if ln.strip() and not ln.startswith("Graph Break Reason")), "")
+    gb = GB_ID.search("\n".join(lines))
+    return {"frame": frame, "file": m["file"], "line": int(m["line"]), "reason": reason,
+            "gb_id": f"GB{gb[1]}" if gb else None}
+
+
 def events(text: str) -> dict:
     """Graph breaks, recompiles, recompile-limit hits and the first causal error in a TORCH_LOGS text."""
     recs, plain = records(text)
     breaks, recompiles, limits = [], [], []
     for r in recs:
         t = r.text
-        if r.artifact == "graph_breaks" and (m := BREAK_AT.search(r.lines[0] if r.lines else "")):
-            reason = next((ln.strip() for ln in r.lines[1:] if ln.strip() and not ln.startswith("Graph Break Reason")),
-                          "")
-            gb = GB_ID.search(t)
-            breaks.append({"frame": r.frame, "file": m["file"], "line": int(m["line"]), "reason": reason,
-                           "gb_id": f"GB{gb[1]}" if gb else None})
+        if r.artifact == "graph_breaks" and (b := graph_break_of(r.lines, r.frame)):
+            breaks.append(b)
         elif r.artifact == "recompiles" and (m := RECOMPILING.search(t)):
             guards = [g["guard"].strip() for ln in r.lines if (g := GUARD.match(ln))]
             recompiles.append({"frame": r.frame, "function": m["function"], "file": m["file"],
@@ -155,15 +163,10 @@ def trace_events(logs: list, workdir) -> dict:
             rec = json.loads(line)
             art = rec.get("artifact", {})
             if art.get("name") == "dynamo_graph_break_reason" and rec.get("payload_filename"):
-                text = (dest / rec["payload_filename"]).read_text()
-                m = BREAK_AT.search(text.splitlines()[0]) if text else None
-                if m:
-                    reason = next((ln.strip() for ln in text.splitlines()[1:] if ln.strip()
-                                   and not ln.startswith("Graph Break Reason")), "")
-                    gb = GB_ID.search(text)
-                    out["graph_breaks"].append({"frame": f"{rec.get('frame_id')}/{rec.get('frame_compile_id')}",
-                                                "file": m["file"], "line": int(m["line"]), "reason": reason,
-                                                "gb_id": f"GB{gb[1]}" if gb else None})
+                b = graph_break_of((dest / rec["payload_filename"]).read_text().splitlines(),
+                                   f"{rec.get('frame_id')}/{rec.get('frame_compile_id')}")
+                if b:
+                    out["graph_breaks"].append(b)
             m = rec.get("compilation_metrics")
             if not m:
                 continue
