@@ -35,6 +35,7 @@ from opforge.skills.graph_diagnose.command import graph_app
 from opforge.skills.op_adapt.command import op_adapt_command
 from opforge.skills.op_test.command import op_test_app
 from opforge.skills.pr_analysis.command import pr_analysis_command
+from opforge.skills.test_triage.command import test_triage_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Verified, fused Triton operators for PyTorch.")
@@ -52,6 +53,7 @@ app.add_typer(hooks_app, name="hooks")
 app.add_typer(bench_app, name="bench")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graph_app, name="graph")
+app.add_typer(test_triage_app, name="test-triage")
 app.command("init")(init_cmd)
 
 out_console = Console()  # results: status and gate tables

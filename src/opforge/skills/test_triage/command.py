@@ -1,0 +1,71 @@
+"""`opforge test-triage run --device NAME --out DIR`: torch's device-generic tests on a backend, in shards, the
+failures clustered and classified (triage.py; report.py says what it writes). Exit 0 when every test passed,
+1 with failures triaged, 2 for bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from opforge.errors import InputError, report_error
+from opforge.workspace import check_out_folder, os_error
+
+test_triage_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                              help="test-triage: upstream device-generic tests on a backend, failures clustered")
+
+
+@test_triage_app.command("run")
+def run_command(
+    device: str = typer.Option(..., "--device", help="the device under test: the PrivateUse1 backend's name, "
+                                                      "or cpu"),
+    imports: list[str] = typer.Option([], "--import", help="a module that registers the device (repeatable), "
+                                                           "e.g. opforge.backend.device for opdev"),
+    ops: str = typer.Option("", "--ops", help="OpInfo names, comma-separated; `all` for op_db whole (default: "
+                                              "those whose ATen op the device registers)"),
+    dtypes: str = typer.Option("", "--dtypes", help="dtypes, comma-separated (default: each OpInfo's own)"),
+    suite: str = typer.Option("ops", "--suite", help="`ops` (OpInfo tests against the CPU) or a test file"),
+    out: Path = typer.Option(..., "--out", help="folder for triage.md, triage.json, summary.xlsx, junit/"),
+    executor: str = typer.Option("local", "--executor", help="local (processes here) or ray (Ray tasks)"),
+    workers: int = typer.Option(2, "--workers", help="shards run at once"),
+    address: str = typer.Option(None, "--address", help="a Ray cluster's address (default: a local Ray)"),
+    reruns: int = typer.Option(2, "--reruns", min=0, help="reruns of each cluster's representatives"),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="seconds a test may go without progress"),
+    shard_size: int = typer.Option(None, "--shard-size", min=1, help="tests a shard (default: two shards a "
+                                                                     "worker)"),
+    as_json: bool = typer.Option(False, "--json", help="print triage.json"),
+):
+    """Run the device-generic tests on a device, cluster the failures and give each cluster its root cause."""
+    from opforge.skills.test_triage import report
+    from opforge.skills.test_triage.triage import run
+
+    try:
+        check_out_folder(out, "the folder to write the triage in")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(out, exc) from None
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True, disable=as_json) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(advance, total, what):
+                if what not in tasks:
+                    tasks[what] = bar.add_task(what, total=total)
+                bar.update(tasks[what], advance=advance)
+
+            result = run(device=device, imports=list(imports), suite=suite, ops=ops, dtypes=dtypes,
+                         executor=executor, workers=workers, address=address, reruns=reruns, timeout=timeout,
+                         shard_size=shard_size, progress=progress)
+    except InputError as exc:
+        report_error(typer.echo, exc.where, exc.what, 2, as_json=as_json)
+        raise typer.Exit(2)
+    report.write(out, result)
+    if as_json:
+        typer.echo(json.dumps(json.loads((out / "triage.json").read_text()), indent=1))
+    else:
+        typer.echo(report.summary_line(result))
+        typer.echo(f"wrote {out / 'triage.md'}")
+    raise typer.Exit(0 if result["failed"] == 0 else 1)
