@@ -39,7 +39,9 @@ def rules() -> tuple[Rule, ...]:
 def normalise(message: str) -> str:
     """The message's first line with what varies between samples replaced: addresses, numbers, quoted paths."""
     first = next((line for line in message.strip().splitlines() if line.strip()), "")
-    first = re.sub(r"0x[0-9a-fA-F]+", "0x?", first)
+    if len(first) > 120 and ". " in first:  # the dispatcher's long explanation after its first sentence
+        first = first[: first.index(". ") + 1]
+    first = re.sub(r"0x[0-9a-fA-F]+", "ADDR", first)
     first = re.sub(r"(?<![\w:])-?\d+(\.\d+)?(e[+-]?\d+)?", "N", first)
     first = re.sub(r"(/[\w.-]+)+\.py", "<file>", first)
     return re.sub(r"\s+", " ", first).strip()[:300]
@@ -113,7 +115,8 @@ def clusters(failures: list[dict], infos: dict[str, dict], facts: dict[str, Fact
         rule, named_op = classify(f, info, cpu_also=False)
         signature = f"{f.get('exception', '')}: {normalise(f.get('message', ''))}"
         frame = causal_frame(f.get("frames"))
-        if named_op:
+        if named_op:  # aten::neg, aten::neg.out and aten::neg_ are one yaml line: one cluster
+            named_op = re.sub(r"\.\w+$", "", named_op).rstrip("_")
             key = (rule.id, named_op)
         elif info.get("op"):
             key = (rule.id, info["op"]) if rule.by == "op" else (rule.id, info["op"], signature)

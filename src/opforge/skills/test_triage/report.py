@@ -28,17 +28,24 @@ def summary(result: dict) -> dict:
     return {**{k: result[k] for k in keep}, "clusters_by_category": by_category, "clusters": result["clusters"]}
 
 
+def _n(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def markdown(result: dict) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in sorted(result["counts"].items(), key=lambda kv: -kv[1]))
     lines = [f"# Test triage: {result['device']}", "",
              f"{result['tests']} tests of `{Path(result['file']).name}` on `{result['device']}` ({counts}), "
-             f"run in {len(result['shards'])} shards by the {result['executor']} executor with {result['workers']} "
-             f"workers in {result['wall_s']} s. {result['failed']} failures in {len(result['clusters'])} clusters; "
-             f"the representatives of each were rerun {result['reruns']} times and run on the CPU.", ""]
+             f"run in {_n(len(result['shards']), 'shard')} by the {result['executor']} executor with "
+             f"{_n(result['workers'], 'worker')} in {result['wall_s']} s. {_n(result['failed'], 'failure')} in "
+             f"{_n(len(result['clusters']), 'cluster')}" + (f"; up to five tests of each were rerun "
+                                                             f"{_n(result['reruns'], 'time')}" if result["reruns"]
+                                                             and result["clusters"] else "") + ".", ""]
     crashed = [s for s in result["shards"] if s.get("error") or len(s["processes"]) > 1]
     for s in crashed:
-        what = s["error"]["error"] if s.get("error") else "; ".join(s["processes"])
-        lines.append(f"- shard {s['index']}: {what} ({s['tests']} results kept)")
+        what = s["error"]["error"] if s.get("error") else \
+            f"{len(s['processes'])} processes, each in turn: " + "; ".join(s["processes"])
+        lines.append(f"- shard {s['index']}: {what} ({_n(s['tests'], 'result')} kept)")
     if crashed:
         lines.append("")
     lines += ["| cluster | category | operator | tests | dtypes | flaky | signature |", "|---|---|---|---|---|---|---|"]
@@ -58,7 +65,8 @@ def markdown(result: dict) -> str:
             lines.append(f"- reruns: {c['passed_on_rerun']} of {c['reruns']} passed"
                          + (" (flaky: it fails only some of the time)" if c["flaky"] else ""))
         if c["cpu_twins"]:
-            lines.append("- the same tests on the CPU: " + ", ".join(f"{n} {o}" for o, n in c["cpu_twins"].items()))
+            twins = ", ".join(f"{n} {o}" for o, n in c["cpu_twins"].items())
+            lines.append(f"- the same tests on the CPU, without the backend: {twins}")
         lines += [f"- tests: `clusters/{c['id']}/tests.txt`", "", "```", c["message"].strip()[:600], "```"]
     return "\n".join(lines) + "\n"
 

@@ -65,10 +65,10 @@ def _run_process(cmd, env, cwd, record: Path, timeout: float) -> tuple[int | Non
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 log.seek(0)
-                return None, f"no progress in {timeout:g} s: killed", log.read()[-4000:]
+                return None, f"made no progress in {timeout:g} s and was killed", log.read()[-4000:]
         log.seek(0)
         rc = proc.returncode
-        how = f"killed by signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit {rc}"
+        how = f"was killed by signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exited with {rc}"
         return rc, how, log.read()[-4000:]
 
 
@@ -108,7 +108,7 @@ def run_shard(shard: Shard) -> dict:
                 hung = rc is None
                 results[started] = {"event": "result", "test": started, "outcome": "failed",
                                     "exception": "Timeout" if hung else "Crash",
-                                    "message": f"the test process {how}", "frames": [], "duration": 0.0,
+                                    "message": f"the test's process {how}", "frames": [], "duration": 0.0,
                                     "text": log}
                 done.append(started)
             if not done:  # the process ended before any selected test ran: nothing more will

@@ -10,6 +10,7 @@ clustered and classified.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -77,14 +78,15 @@ def run(*, device: str, imports: list[str], suite: str = "ops", ops: str = "", d
     hears of each shard as it ends."""
     if executor not in ("local", "ray"):
         raise InputError("--executor", f"{executor!r} is not one of local, ray")
+    if executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise InputError("--executor", "ray is not installed here (pip install 'opforge[ray]')")
     if workers < 1:
         raise InputError("--workers", f"{workers} is not a positive number")
     file = suite_file(suite)
     env = {"OPFORGE_TRIAGE_DEVICE": device, "OPFORGE_TRIAGE_IMPORT": ",".join(imports),
            "OPFORGE_TRIAGE_OPS": ops, "OPFORGE_TRIAGE_DTYPES": dtypes}
-    # shards side by side each get their share of the cores: torch's intra-op threads spin while they wait, and
-    # two processes with a thread a core each ran this suite four times slower than one
-    env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers)))
+    # shards side by side each take their share of the cores, not a thread a core each
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
     start = time.monotonic()
     collected = collect(file, env)
     phases = {"collect": time.monotonic() - start}
@@ -96,8 +98,8 @@ def run(*, device: str, imports: list[str], suite: str = "ops", ops: str = "", d
         raise InputError("--ops" if ops else "--suite", f"{what} selects no test for device {device!r} "
                                                          f"in {file.name} ({len(collected)} collected)")
 
-    def shard_list(groups, junit=True):
-        return [sh.Shard(i, g, str(file), env, timeout, junit) for i, g in enumerate(groups)]
+    def shard_list(groups, junit=True, with_env=None):
+        return [sh.Shard(i, g, str(file), with_env or env, timeout, junit) for i, g in enumerate(groups)]
 
     def tick(what, total):
         def done(r):
@@ -115,19 +117,25 @@ def run(*, device: str, imports: list[str], suite: str = "ops", ops: str = "", d
                           "message": "its shard ended without a result for it", "frames": [], "duration": 0.0}
     failures = [results[t] for t in tests if results[t]["outcome"] in FAILED]
 
-    # confirm: the representatives of each cluster rerun `reruns` times (a pass makes the cluster flaky), their
-    # CPU twins run once in the first round (all failing makes it upstream's)
+    # confirm: the representatives of each cluster rerun `reruns` times (a pass makes the cluster flaky), and their
+    # CPU twins run once in a process without the backend (all failing there makes the cluster upstream's: the
+    # backend's imports may register kernels, a Meta one say, that the CPU would use too)
     reps = [t for c in clusters(failures, infos) for t in representatives(c["tests"], REPRESENTATIVES)]
     facts = {t: Facts() for t in reps}
     twin_of = {infos[t]["twin"]: t for t in reps if infos.get(t, {}).get("twin") in infos}
-    rounds = [reps + sorted(twin_of)] + [reps] * (reruns - 1) if reruns else [sorted(twin_of)]
-    confirm = _execute(shard_list([g for r in rounds if r for g in sh.split(r, workers)], junit=False),
-                       executor, workers, address, tick("reruns and CPU twins", sum(map(len, rounds))))
+    cpu_env = {**env, "OPFORGE_TRIAGE_DEVICE": "cpu", "OPFORGE_TRIAGE_IMPORT": "",
+               "OPFORGE_TRIAGE_OPS": ",".join(sorted({infos[t]["op"] for t in twin_of.values()})) or ops}
+    batch = shard_list([g for _ in range(reruns) for g in sh.split(reps, workers)], junit=False)
+    batch += shard_list(sh.split(sorted(twin_of), workers), junit=False, with_env=cpu_env)
+    for i, shard in enumerate(batch):
+        shard.index = i
+    confirm = _execute(batch, executor, workers, address,
+                       tick("reruns and CPU twins", sum(len(b.tests) for b in batch)))
     for s in confirm:
         for r in s["results"]:
             if r["test"] in twin_of:
                 facts[twin_of[r["test"]]].cpu_twin = r["outcome"]
-            elif reruns:
+            else:
                 facts[r["test"]].reruns += 1
                 facts[r["test"]].passed_on_rerun += r["outcome"] == "passed"
     phases["confirm"] = time.monotonic() - start - sum(phases.values())

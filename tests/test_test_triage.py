@@ -1,0 +1,176 @@
+"""test-triage: OpInfo tests on the reference backend in shards, failures clustered and classified. The planted
+variant (tests/triage_variants.py) is built once; each planted defect must come out as its own cluster."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opforge.cli import app
+from opforge.skills.test_triage import shards
+from opforge.skills.test_triage.cluster import Facts, classify, clusters, normalise, representatives
+
+sys.path.insert(0, str(Path(__file__).parent))
+from triage_variants import PLANTED, planted_backend  # noqa: E402
+
+runner = CliRunner()
+CRASHES = Path(__file__).parent / "data" / "triage" / "crashes_suite.py"
+MISSING = ("Could not run 'aten::neg.out' with arguments from the 'opdev' backend. This could be because the "
+           "operator doesn't exist for this backend, or was omitted during the selective/custom build process.")
+
+
+def failure(test, exception, message, frames=()):
+    return {"test": test, "outcome": "failed", "exception": exception, "message": message, "frames": list(frames)}
+
+
+def info(test, generic, op, dtype):
+    return {"test": test, "device": "opdev", "generic": generic, "op": op, "dtype": dtype,
+            "twin": test.replace("PRIVATEUSE1", "CPU").replace("_opdev_", "_cpu_")}
+
+
+def test_signatures_lose_what_varies_between_samples():
+    assert normalise("Expected 3 but got 4 at 0x7f3a2c\nmore") == "Expected N but got N at ADDR"
+    assert normalise(MISSING) == "Could not run 'aten::neg.out' with arguments from the 'opdev' backend."
+    assert normalise("in /a/b/c.py: float16") == "in <file>: float16"
+
+
+def test_the_rules_name_the_category_and_the_missing_operator():
+    f = failure("ops.py::T::test_x", "NotImplementedError", MISSING)
+    rule, op = classify(f, {}, cpu_also=False)
+    assert (rule.category, rule.id, op) == ("missing_dispatch", "missing-kernel", "aten::neg.out")
+    assert classify(f, {}, cpu_also=True)[0].category == "upstream"
+    meta = failure("ops.py::T::test_fake_sgn_opdev_float32", "AssertionError", "result 0: the fake tensor's (3,)")
+    assert classify(meta, {"generic": "TestFakeTensor.test_fake"}, False)[0].id == "wrong-metadata"
+    xpass = failure("ops.py::T::t", "Failed", "Unexpected success")
+    assert classify(xpass, {}, False)[0].category == "test_expectation"
+    own = failure("my_test.py::test_a", "NameError", "name 'x' is not defined", [["/x/my_test.py", 3, "test_a"]])
+    assert classify(own, {}, False)[0].id == "test-code"
+    elsewhere = failure("my_test.py::test_a", "TypeError", "bad", [["/x/backend.py", 3, "f"]])
+    assert classify(elsewhere, {}, False)[0].category == "behaviour_mismatch"
+
+
+def test_clusters_join_overloads_and_dtypes_and_take_facts_of_their_representatives():
+    tests = [f"ops.py::TestCommonPRIVATEUSE1::test_compare_cpu_{op}_opdev_{dt}"
+             for op in ("neg", "mul") for dt in ("float32", "float16")]
+    infos = {t: info(t, "TestCommon.test_compare_cpu", t.split("_cpu_")[1].split("_opdev")[0], t.rsplit("_", 1)[1])
+             for t in tests}
+    fails = [failure(tests[0], "NotImplementedError", MISSING),
+             failure(tests[1], "NotImplementedError", MISSING.replace("neg.out", "neg_")),
+             failure(tests[2], "AssertionError", "Tensor-likes are not close!\n\nMismatched elements: 3 / 8"),
+             failure(tests[3], "AssertionError", "Tensor-likes are not equal!")]
+    found = clusters(fails, infos, {tests[2]: Facts(2, 1, "passed"), tests[3]: Facts(2, 0, "passed")})
+    by_op = {c["operator"]: c for c in found}
+    assert set(by_op) == {"aten::neg", "mul"}
+    assert by_op["aten::neg"]["size"] == 2 and by_op["aten::neg"]["category"] == "missing_dispatch"
+    assert by_op["mul"]["flaky"] and by_op["mul"]["dtypes"] == ["float16", "float32"]
+    upstream = clusters(fails[2:], infos, {tests[2]: Facts(0, 0, "failed"), tests[3]: Facts(0, 0, "error")})
+    assert [c["category"] for c in upstream] == ["upstream"]
+    mixed = clusters(fails[2:], infos, {tests[2]: Facts(0, 0, "failed"), tests[3]: Facts(0, 0, "passed")})
+    assert [c["category"] for c in mixed] == ["behaviour_mismatch"]
+
+
+def test_representatives_spread_over_the_cluster_and_shards_share_the_tests():
+    assert representatives(list("abcdefghij"), 3) == ["a", "e", "j"]
+    assert representatives(["a"], 5) == ["a"]
+    parts = shards.split([str(i) for i in range(10)], 3)
+    assert sorted(t for p in parts for t in p) == sorted(str(i) for i in range(10)) and len(parts) == 3
+    assert shards.shard_count(1000, 2) == 4 and shards.shard_count(60, 2) == 1 and shards.shard_count(60, 2, 25) == 3
+
+
+def test_a_crash_and_a_hang_lose_no_other_result(tmp_path):
+    result = runner.invoke(app, ["test-triage", "run", "--device", "cpu", "--suite", str(CRASHES), "--timeout", "5",
+                                 "--reruns", "1", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 1, result.output
+    outcomes = {json.loads(line)["test"].split("::")[-1]: json.loads(line)
+                for line in (tmp_path / "results.jsonl").read_text().splitlines()}
+    assert {t: r["outcome"] for t, r in outcomes.items()} == {
+        "test_before": "passed", "test_kills_its_process": "failed", "test_between": "passed",
+        "test_hangs": "failed", "test_own_code_is_wrong": "failed", "test_after": "passed"}
+    assert outcomes["test_kills_its_process"]["exception"] == "Crash"
+    assert "SIGSEGV" in outcomes["test_kills_its_process"]["message"]
+    assert outcomes["test_hangs"]["exception"] == "Timeout"
+    triage = json.loads((tmp_path / "triage.json").read_text())
+    assert {(c["tests"][0].split("::")[-1], c["category"], c["rule"]) for c in triage["clusters"]} == {
+        ("test_kills_its_process", "behaviour_mismatch", "crash"), ("test_hangs", "behaviour_mismatch", "hang"),
+        ("test_own_code_is_wrong", "test_expectation", "test-code")}
+    assert len(triage["shards"][0]["processes"]) == 3  # the crash, the hang, then the rest
+    assert len(list((tmp_path / "junit").glob("*.xml"))) >= 1 and (tmp_path / "summary.xlsx").is_file()
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--device", "nodevice", "--import", "opforge.backend.device"], "--device"),
+    (["--device", "opdev", "--import", "no_such_module_here"], "--import"),
+    (["--device", "opdev", "--import", "opforge.backend.device", "--ops", "no_such_op"], "--ops"),
+    (["--device", "cpu", "--suite", "nofile.py"], "--suite"),
+    (["--device", "cpu", "--executor", "cloud"], "--executor"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, where):
+    result = runner.invoke(app, ["test-triage", "run", *args, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {where}: "), result.stderr
+
+
+def test_a_test_file_that_does_not_import_is_bad_input(tmp_path):
+    bad = tmp_path / "broken_suite.py"
+    bad.write_text("import no_such_module_anywhere\n\ndef test_a():\n    pass\n")
+    result = runner.invoke(app, ["test-triage", "run", "--device", "cpu", "--suite", str(bad), "--out",
+                                 str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"error: {bad}: does not import: ModuleNotFoundError: No module named "
+                                     "'no_such_module_anywhere'")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """The planted variant's tree, built (the build is cached by the tree's content)."""
+    import subprocess
+
+    root = planted_backend(tmp_path_factory.mktemp("variant") / "native")
+    env = {**os.environ, "OPDEV_ROOT": str(root)}
+    proc = subprocess.run([sys.executable, "-c", "import opforge.backend.device"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+def triage(out, root, *extra):
+    os.environ["OPDEV_ROOT"] = str(root)
+    try:
+        result = runner.invoke(app, ["test-triage", "run", "--device", "opdev", "--import", "opforge.backend.device",
+                                     "--ops", ",".join(PLANTED), "--dtypes", "float32,float16,int32", "--out",
+                                     str(out), *extra])
+    finally:
+        del os.environ["OPDEV_ROOT"]
+    assert result.exit_code == 1, result.output
+    return json.loads((out / "triage.json").read_text())
+
+
+def test_each_planted_defect_is_its_own_cluster_with_its_category(planted, tmp_path):
+    found = triage(tmp_path, planted)["clusters"]
+    by_op = {}
+    for c in found:
+        by_op.setdefault(c["operator"].removeprefix("aten::"), []).append(c)
+    assert set(by_op) == set(PLANTED), [(c["operator"], c["rule"]) for c in found]
+    for op, (category, rule) in PLANTED.items():
+        assert [(c["category"], c["rule"]) for c in by_op[op]] == [(category, rule)], op
+    assert by_op["abs"][0]["dtypes"] == ["float16"]  # negated for float16 alone
+    assert by_op["sub"][0]["generics"] == ["TestCommon.test_noncontiguous_samples"]
+    assert by_op["sgn"][0]["generics"] == ["TestFakeTensor.test_fake"]
+    assert by_op["sgn"][0]["cpu_twins"] == {"passed": 3}  # the wrong Meta kernel lives in the backend's import
+    assert by_op["mul"][0]["flaky"] and by_op["mul"][0]["passed_on_rerun"] > 0
+    assert not any(c["flaky"] for op in ("neg", "abs", "sub", "sgn") for c in by_op[op])
+
+
+def test_the_ray_executor_finds_what_the_local_one_finds(planted, tmp_path):
+    local = triage(tmp_path / "local", planted, "--workers", "2")
+    ray = triage(tmp_path / "ray", planted, "--executor", "ray", "--workers", "2")
+
+    def deterministic(result):  # the flaky operator's failing tests differ from run to run by design
+        return [(c["operator"], c["category"], c["rule"], c["tests"]) for c in result["clusters"]
+                if c["operator"] != "mul"]
+    assert deterministic(local) == deterministic(ray)
+    assert {c["operator"] for c in ray["clusters"]} == {c["operator"] for c in local["clusters"]}
+    assert ray["executor"] == "ray" and ray["tests"] == local["tests"]

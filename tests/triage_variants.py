@@ -1,0 +1,63 @@
+"""A variant of the reference backend with defects planted in its sources, one an operator, for test-triage's
+tests and benchmark: each edit is a real change to the C++ or Python a backend team would make by mistake.
+
+  neg   missing kernel      neg dropped from the backend yaml (and its kernel file)
+  abs   wrong for a dtype   float16 results negated after the vendor call
+  sub   non-contiguous      a non-contiguous `self` read as if it were contiguous
+  sgn   wrong Meta shape    a Meta kernel registered from the backend's Python that drops the last dimension
+  mul   flaky               one call in twenty negates its result
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from opforge.backend import build
+
+PLANTED = {
+    "neg": ("missing_dispatch", "missing-kernel"),
+    "abs": ("behaviour_mismatch", "wrong-values"),
+    "sub": ("behaviour_mismatch", "wrong-values"),
+    "sgn": ("behaviour_mismatch", "wrong-metadata"),
+    "mul": ("behaviour_mismatch", "wrong-values"),
+}
+
+_CONTIGUOUS_SELF = """  // a non-contiguous self read as if it were contiguous
+  std::vector<int64_t> dense(self.dim(), 1);
+  for (int64_t i = self.dim() - 2; i >= 0; --i) dense[i] = dense[i + 1] * std::max<int64_t>(self.size(i + 1), 1);
+  at::Tensor flat = self.is_contiguous() ? self : self.as_strided(self.sizes(), dense);
+  EXEC_OPDEV_CMD(vkSub, flat, other, alpha, out);"""
+
+_FLAKY = """  EXEC_OPDEV_CMD(vkMul, self, other, out);
+  static std::mt19937 gen{std::random_device{}()};
+  if (std::uniform_int_distribution<int>(0, 19)(gen) == 0) EXEC_OPDEV_CMD(vkNeg, out, out);"""
+
+_WRONG_META = '''"""A Meta kernel for aten::sgn that drops the last dimension."""
+import torch
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("sgn", lambda self: self.new_empty(self.shape[:-1] if self.dim() else self.shape), "Meta")
+'''
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found"
+    path.write_text(text.replace(old, new, 1))
+
+
+def planted_backend(dest: Path) -> Path:
+    """A copy of the reference backend's sources at `dest` with the five defects planted."""
+    shutil.copytree(build.NATIVE, dest)
+    yaml_path = dest / build.BACKEND_YAML
+    yaml_path.write_text(re.sub(r"^- neg\n", "", yaml_path.read_text(), flags=re.M))
+    (dest / "ops" / "NegKernelOpdev.cpp").unlink()
+    _edit(dest / "ops" / "AbsKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkAbs, self, out);\n",
+          "  EXEC_OPDEV_CMD(vkAbs, self, out);\n"
+          "  if (self.scalar_type() == at::kHalf) EXEC_OPDEV_CMD(vkNeg, out, out);\n")
+    _edit(dest / "ops" / "SubKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkSub, self, other, alpha, out);", _CONTIGUOUS_SELF)
+    _edit(dest / "ops" / "MulKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkMul, self, other, out);", _FLAKY)
+    _edit(dest / "ops" / "MulKernelOpdev.cpp", '#include "ops/OpApi.h"', '#include "ops/OpApi.h"\n\n#include <random>')
+    (dest / "python" / "wrong_meta.py").write_text(_WRONG_META)
+    return dest
