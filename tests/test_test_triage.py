@@ -2,6 +2,7 @@
 variant (tests/triage_variants.py) is built once; each planted defect must come out as its own cluster."""
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,10 +126,12 @@ def test_a_test_file_that_does_not_import_is_bad_input(tmp_path):
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """The planted variant's tree, built (the build is cached by the tree's content)."""
-    import subprocess
-
-    root = planted_backend(tmp_path_factory.mktemp("variant") / "native")
+    """The planted variant's tree, committed in a git repository of its own and built (the build is cached by
+    the tree's content)."""
+    repo = tmp_path_factory.mktemp("repo")
+    root = planted_backend(repo / "native")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
     env = {**os.environ, "OPDEV_ROOT": str(root)}
     proc = subprocess.run([sys.executable, "-c", "import opforge.backend.device"], env=env, capture_output=True,
                           text=True, timeout=900)
@@ -148,8 +151,14 @@ def triage(out, root, *extra):
     return json.loads((out / "triage.json").read_text())
 
 
-def test_each_planted_defect_is_its_own_cluster_with_its_category(planted, tmp_path):
-    found = triage(tmp_path, planted)["clusters"]
+@pytest.fixture(scope="module")
+def triaged(planted, tmp_path_factory):
+    out = tmp_path_factory.mktemp("triage")
+    return out, triage(out, planted)
+
+
+def test_each_planted_defect_is_its_own_cluster_with_its_category(triaged):
+    found = triaged[1]["clusters"]
     by_op = {}
     for c in found:
         by_op.setdefault(c["operator"].removeprefix("aten::"), []).append(c)
@@ -164,8 +173,40 @@ def test_each_planted_defect_is_its_own_cluster_with_its_category(planted, tmp_p
     assert not any(c["flaky"] for op in ("neg", "abs", "sub", "sgn") for c in by_op[op])
 
 
-def test_the_ray_executor_finds_what_the_local_one_finds(planted, tmp_path):
-    local = triage(tmp_path / "local", planted, "--workers", "2")
+def test_each_cluster_gets_a_repro_a_verified_commit_and_no_upstream_file_changes(planted, triaged):
+    out, run = triaged
+    result = runner.invoke(app, ["test-triage", "fix", str(out), "--tree", str(planted), "--reruns", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    fixed = json.loads((out / "fix.json").read_text())
+    by_op = {c["operator"].removeprefix("aten::"): c["id"] for c in run["clusters"]}
+    fixes = {f["cluster"]: f for f in fixed["fixes"]}
+    assert all(f["verified"] for f in fixed["fixes"]) and len(fixes) == len(PLANTED)
+    assert fixes[by_op["neg"]]["kind"] == "kernel" and "ops/NegKernelOpdev.cpp" in fixes[by_op["neg"]]["files"]
+    assert fixes[by_op["neg"]]["verification"]["own"] == {"passed": 2 * 16}  # adapted: passing, not skipped
+    assert fixes[by_op["abs"]]["files"] == ["ops/AbsKernelOpdev.cpp"]
+    assert fixes[by_op["sgn"]]["files"] == ["python/wrong_meta.py"]
+    assert fixes[by_op["mul"]]["flaky"] and fixes[by_op["mul"]]["kind"] == "skip"
+    disabled = json.loads((Path(fixed["tree"]) / "disabled_tests.json").read_text())
+    assert all(k.startswith("test_") and "(__main__.Test" in k for k in disabled)
+    assert {k.split()[0].rsplit("_", 1)[1] for k in disabled if "_abs_" in k} == {"float16"}
+    assert all(reason.startswith("test-triage C") and platforms == [] for reason, platforms in disabled.values())
+    worktree = Path(fixed["worktree"])
+    log = subprocess.run(["git", "log", "--format=%s", f"{fixed['base']}..{fixed['branch']}"], cwd=worktree,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(log) == len(PLANTED)  # one commit a cluster
+    changed = subprocess.run(["git", "diff", "--name-only", fixed["base"], fixed["branch"]], cwd=worktree,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert changed and all(p.startswith("native/") for p in changed)  # the backend's tree, nothing upstream
+    assert "# opdev: 1 kernels adapted" in (out / "PR.md").read_text()
+    repro = out / "clusters" / by_op["abs"] / "repro.py"
+    env = {**os.environ, "OPDEV_ROOT": str(planted)}
+    assert subprocess.run([sys.executable, str(repro)], env=env, capture_output=True, timeout=300).returncode == 1
+    env.update(OPDEV_ROOT=fixed["tree"], DISABLED_TESTS_FILE=str(Path(fixed["tree"]) / "disabled_tests.json"))
+    assert subprocess.run([sys.executable, str(repro)], env=env, capture_output=True, timeout=300).returncode == 0
+
+
+def test_the_ray_executor_finds_what_the_local_one_finds(planted, triaged, tmp_path):
+    local = triaged[1]
     ray = triage(tmp_path / "ray", planted, "--executor", "ray", "--workers", "2")
 
     def deterministic(result):  # the flaky operator's failing tests differ from run to run by design

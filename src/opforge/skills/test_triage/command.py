@@ -69,3 +69,43 @@ def run_command(
         typer.echo(report.summary_line(result))
         typer.echo(f"wrote {out / 'triage.md'}")
     raise typer.Exit(0 if result["failed"] == 0 else 1)
+
+
+@test_triage_app.command("fix")
+def fix_command(
+    triage_dir: Path = typer.Argument(..., help="the folder `test-triage run --out` wrote"),
+    tree: Path = typer.Option(..., "--tree", help="the backend's source tree (opdev layout), in a git repository"),
+    reruns: int = typer.Option(3, "--reruns", min=1, help="verification reruns of each cluster and its neighbours"),
+    workers: int = typer.Option(2, "--workers", min=1, help="shards run at once"),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="seconds a test may go without progress"),
+    as_json: bool = typer.Option(False, "--json", help="print fix.json"),
+):
+    """For each cluster: a repro, a fix (a kernel by op-adapt) or a declarative skip with its reason, one commit
+    each on a new branch, verified by rerunning the cluster and its neighbours on that branch."""
+    from opforge.backend.build import BuildError
+    from opforge.skills.test_triage.fix import fix
+
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True, disable=as_json) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(advance, total, what):
+                if what not in tasks:
+                    tasks[what] = bar.add_task(what, total=total)
+                bar.update(tasks[what], advance=advance)
+
+            result = fix(triage_dir, tree, reruns=reruns, workers=workers, timeout=timeout, progress=progress)
+    except InputError as exc:
+        report_error(typer.echo, exc.where, exc.what, 2, as_json=as_json)
+        raise typer.Exit(2)
+    except BuildError as exc:
+        report_error(typer.echo, "--tree", f"the fixed tree does not build: {exc}", 1, as_json=as_json)
+        raise typer.Exit(1)
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        typer.echo(f"{result['verified']} of {len(result['fixes'])} clusters verified on branch {result['branch']} "
+                   f"({result['worktree']})")
+        typer.echo(f"wrote {triage_dir / 'PR.md'}")
+    raise typer.Exit(0 if result["verified"] == len(result["fixes"]) else 1)

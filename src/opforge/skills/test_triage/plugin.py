@@ -118,6 +118,9 @@ def pytest_runtest_makereport(item, call):
             "message": str(root)[:_TEXT_LIMIT],
             "frames": [[f.filename, f.lineno, f.name] for f in frames],
         }
+        sample = re.search(r"Caused by sample input at index (\d+)", str(call.excinfo.value))
+        if sample:  # the @ops wrapper names the OpInfo sample that failed
+            report.opforge_cause["sample"] = int(sample.group(1))
     return report
 
 
