@@ -6,6 +6,11 @@ tests and benchmark: each edit is a real change to the C++ or Python a backend t
   sub   non-contiguous      a non-contiguous `self` read as if it were contiguous
   sgn   wrong Meta shape    a Meta kernel registered from the backend's Python that drops the last dimension
   mul   flaky               one call in twenty negates its result
+
+and two in its process group (python/process_group.py), for the collectives suite:
+
+  all_reduce_max  wrong reduction  MAX reduced as MIN
+  broadcast       hangs            each rank first waits for a store key that nobody sets
 """
 from __future__ import annotations
 
@@ -21,6 +26,11 @@ PLANTED = {
     "sub": ("behaviour_mismatch", "wrong-values"),
     "sgn": ("behaviour_mismatch", "wrong-metadata"),
     "mul": ("behaviour_mismatch", "wrong-values"),
+}
+
+PLANTED_COLLECTIVES = {
+    "all_reduce_max": ("behaviour_mismatch", "wrong-values"),
+    "broadcast": ("behaviour_mismatch", "hang"),
 }
 
 _CONTIGUOUS_SELF = """  // a non-contiguous self read as if it were contiguous
@@ -60,4 +70,14 @@ def planted_backend(dest: Path) -> Path:
     _edit(dest / "ops" / "MulKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkMul, self, other, out);", _FLAKY)
     _edit(dest / "ops" / "MulKernelOpdev.cpp", '#include "ops/OpApi.h"', '#include "ops/OpApi.h"\n\n#include <random>')
     (dest / "python" / "wrong_meta.py").write_text(_WRONG_META)
+    pg = dest / "python" / "process_group.py"
+    _edit(pg, "    def allreduce(self, tensors, opts):\n",
+          "    def allreduce(self, tensors, opts):\n"
+          "        if opts.reduceOp == dist.ReduceOp.MAX:\n"
+          "            opts.reduceOp = dist.ReduceOp.MIN\n")
+    _edit(pg, "        super().__init__(rank, size)\n",
+          "        super().__init__(rank, size)\n        self._store = store\n")
+    _edit(pg, "    def broadcast(self, tensors, opts):\n",
+          "    def broadcast(self, tensors, opts):\n"
+          "        self._store.wait([f\"{NAME}/broadcast-ready\"])\n")
     return dest

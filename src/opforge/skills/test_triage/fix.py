@@ -56,17 +56,15 @@ def repro_source(run: dict, test: str, result: dict) -> str:
     imports = "".join(f"import {m}  # the backend under test\n" for m in run["imports"])
     return f'''"""Reproduces {test}{sample}: {result.get("exception", "")}: {result.get("message", "")[:200]!r}.
 Exit 1 while it fails. OPDEV_ROOT (or your backend's own setting) selects the backend's tree, as in the run."""
-import importlib.util
+import importlib
 import os
 import sys
 import unittest
 
 os.environ.update({env!r})
 {imports}
-spec = importlib.util.spec_from_file_location("suite", {str(file)!r})
-suite = importlib.util.module_from_spec(spec)
 sys.path.insert(0, {str(file.parent)!r})
-spec.loader.exec_module(suite)
+suite = importlib.import_module({file.stem!r})  # by its name: a multi-process test's ranks import it again
 result = unittest.TextTestRunner(verbosity=2).run(suite.{cls}({name!r}))
 sys.exit(0 if result.wasSuccessful() else 1)
 '''
@@ -76,6 +74,9 @@ def locate(cluster: dict, tree: Path) -> list[str]:
     """The tree's files that compute the cluster's operator: its kernel, or for a Meta problem the Python that
     registers a Meta kernel for it."""
     op = (cluster["operator"] or "").removeprefix("aten::")
+    if cluster["generics"] and all(g.startswith("TestCollectives.") for g in cluster["generics"]):
+        return sorted(str(p.relative_to(tree)) for p in (tree / "python").glob("*.py")
+                      if "register_backend" in p.read_text())
     if not op:
         return []
     if cluster["rule"] == "wrong-metadata":

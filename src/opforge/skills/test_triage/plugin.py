@@ -57,6 +57,11 @@ def describe(item) -> dict:
     (class.method, as upstream's skips name it), the OpInfo and dtype, and its CPU twin's node id."""
     out = {"test": item.nodeid, "device": None, "generic": None, "op": None, "dtype": None, "twin": None}
     cls, generic = getattr(item, "cls", None), getattr(getattr(item, "function", None), "__wrapped__", None)
+    suite_op = getattr(getattr(item, "function", None), "opforge_op", None)
+    if suite_op is not None:  # a suite of ours that runs one class on whichever device it is given
+        out.update(device=cls.opforge_device, generic=f"{cls.__name__}.{item.name}", op=suite_op,
+                   dtype=item.function.opforge_dtype, twin=item.nodeid if cls.opforge_device != "cpu" else None)
+        return out
     device = getattr(cls, "device_type", None)
     if device is None or generic is None or "." not in generic.__qualname__:
         return out
@@ -107,6 +112,34 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+_RANK_FAILED = re.compile(r"Process (?P<rank>\d+) exited with error code \d+ and exception:\n(?P<tb>.*)", re.S)
+_RANK_TIMED_OUT = re.compile(r"Process \d+ terminated or timed out after [\d.]+ seconds")
+_TB_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
+_TB_LAST = re.compile(r"^(?P<exc>[A-Za-z_][\w.]*)(?:: (?P<msg>.*))?$")
+
+
+def _rank_cause(message: str) -> dict | None:
+    """A multi-process test's failure is the main process's RuntimeError quoting a rank's traceback (or saying
+    that a rank timed out): the rank's own exception is the cause."""
+    if _RANK_TIMED_OUT.search(message):
+        return {"exception": "Timeout", "message": _RANK_TIMED_OUT.search(message).group(0), "frames": []}
+    m = _RANK_FAILED.search(message)
+    if m is None:
+        return None
+    lines = m.group("tb").split("\n")
+    frames = [[f.group("file"), int(f.group("line")), f.group("func")] for f in _TB_FRAME.finditer(m.group("tb"))]
+    # the exception line is the first after the last frame's source line that is not indented
+    last = max((i for i, line in enumerate(lines) if _TB_FRAME.match(line)), default=0)
+    for i in range(last + 1, len(lines)):
+        head = _TB_LAST.match(lines[i])
+        if head and not lines[i].startswith(" "):
+            text = "\n".join([head.group("msg") or "", *lines[i + 1:]]).strip()
+            text = text.split("\n\nTo execute this test")[0]
+            return {"exception": head.group("exc").rsplit(".", 1)[-1], "message": text[:_TEXT_LIMIT],
+                    "frames": frames, "rank": int(m.group("rank"))}
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -118,6 +151,9 @@ def pytest_runtest_makereport(item, call):
             "message": str(root)[:_TEXT_LIMIT],
             "frames": [[f.filename, f.lineno, f.name] for f in frames],
         }
+        rank = _rank_cause(str(root)) if isinstance(root, RuntimeError) else None
+        if rank:
+            report.opforge_cause.update(rank)
         sample = re.search(r"Caused by sample input at index (\d+)", str(call.excinfo.value))
         if sample:  # the @ops wrapper names the OpInfo sample that failed
             report.opforge_cause["sample"] = int(sample.group(1))

@@ -23,7 +23,8 @@ from opforge.errors import InputError
 from opforge.skills.test_triage import shards as sh
 from opforge.skills.test_triage.cluster import Facts, clusters, representatives
 
-SUITES = {"ops": Path(__file__).parent / "suites" / "ops.py"}
+SUITES = {"ops": Path(__file__).parent / "suites" / "ops.py",
+          "collectives": Path(__file__).parent / "suites" / "collectives.py"}
 FAILED = ("failed", "error")
 REPRESENTATIVES = 5  # tests of a cluster rerun and run on the CPU
 
@@ -87,6 +88,8 @@ def run(*, device: str, imports: list[str], suite: str = "ops", ops: str = "", d
            "OPFORGE_TRIAGE_OPS": ops, "OPFORGE_TRIAGE_DTYPES": dtypes}
     # shards side by side each take their share of the cores, not a thread a core each
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
+    # a multi-process test times its ranks out itself, before the watchdog kills the shard: a classified hang
+    env["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(max(5, int(timeout * 0.75)))
     start = time.monotonic()
     collected = collect(file, env)
     phases = {"collect": time.monotonic() - start}
@@ -126,6 +129,7 @@ def run(*, device: str, imports: list[str], suite: str = "ops", ops: str = "", d
     cpu_env = {**env, "OPFORGE_TRIAGE_DEVICE": "cpu", "OPFORGE_TRIAGE_IMPORT": "",
                "OPFORGE_TRIAGE_OPS": ",".join(sorted({infos[t]["op"] for t in twin_of.values()})) or ops}
     batch = shard_list([g for _ in range(reruns) for g in sh.split(reps, workers)], junit=False)
+    reran = len(batch)  # the shards after these run the CPU twins (whose node ids may be the tests' own)
     batch += shard_list(sh.split(sorted(twin_of), workers), junit=False, with_env=cpu_env)
     for i, shard in enumerate(batch):
         shard.index = i
@@ -133,7 +137,7 @@ def run(*, device: str, imports: list[str], suite: str = "ops", ops: str = "", d
                        tick("reruns and CPU twins", sum(len(b.tests) for b in batch)))
     for s in confirm:
         for r in s["results"]:
-            if r["test"] in twin_of:
+            if s["index"] >= reran:
                 facts[twin_of[r["test"]]].cpu_twin = r["outcome"]
             else:
                 facts[r["test"]].reruns += 1
