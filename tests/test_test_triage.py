@@ -230,3 +230,25 @@ def test_a_wrong_reduction_and_a_hanging_collective_of_the_backends_process_grou
     assert all(c["cpu_twins"] == {"passed": 1} for c in found)  # gloo on the CPU computes them right
     hang = next(c for c in found if c["rule"] == "hang")
     assert "timed out" in hang["message"]
+    fixed = runner.invoke(app, ["test-triage", "fix", str(tmp_path), "--tree", str(planted), "--reruns", "1"])
+    assert fixed.exit_code == 0, fixed.output
+    fixes = json.loads((tmp_path / "fix.json").read_text())["fixes"]
+    assert [(f["kind"], f["files"], f["verified"]) for f in fixes] == \
+        [("skip", ["python/process_group.py"], True)] * len(PLANTED_COLLECTIVES)
+    repro = tmp_path / "clusters" / next(c["id"] for c in found if c["rule"] == "wrong-values") / "repro.py"
+    env = {**os.environ, "OPDEV_ROOT": str(planted)}  # a two-rank test, alone: its ranks import the suite again
+    assert subprocess.run([sys.executable, str(repro)], env=env, capture_output=True, timeout=300).returncode == 1
+
+
+def test_module_tests_cluster_by_the_aten_operator_a_module_reaches(tmp_path):
+    result = runner.invoke(app, ["test-triage", "run", "--device", "opdev", "--import", "opforge.backend.device",
+                                 "--suite", "modules", "--ops", "nn.ReLU,nn.BatchNorm1d", "--dtypes", "float32",
+                                 "--reruns", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    run = json.loads((tmp_path / "triage.json").read_text())
+    found = {c["operator"]: c for c in run["clusters"]}
+    assert set(found) == {"aten::relu", "aten::native_batch_norm"}, found.keys()
+    assert all(c["category"] == "missing_dispatch" and c["cpu_twins"] == {"passed": len(c["tests"])}
+               for c in found.values())
+    # BatchNorm's train and eval modes are one module: one cluster, both modes' tests in it
+    assert len(found["aten::native_batch_norm"]["tests"]) == 4

@@ -24,9 +24,13 @@ def run_command(
     imports: list[str] = typer.Option([], "--import", help="a module that registers the device (repeatable), "
                                                            "e.g. opforge.backend.device for opdev"),
     ops: str = typer.Option("", "--ops", help="OpInfo names, comma-separated; `all` for op_db whole (default: "
-                                              "those whose ATen op the device registers)"),
+                                              "those whose ATen op the device registers); with --suite modules "
+                                              "ModuleInfo names (nn.Linear; default all), with collectives "
+                                              "collective names (all_reduce_sum, broadcast)"),
     dtypes: str = typer.Option("", "--dtypes", help="dtypes, comma-separated (default: each OpInfo's own)"),
-    suite: str = typer.Option("ops", "--suite", help="`ops` (OpInfo tests against the CPU) or a test file"),
+    suite: str = typer.Option("ops", "--suite", help="`ops` (OpInfo tests against the CPU), `modules` (ModuleInfo "
+                                                     "tests against the CPU), `collectives` (torch.distributed on "
+                                                     "the device's process group) or a test file"),
     out: Path = typer.Option(..., "--out", help="folder for triage.md, triage.json, summary.xlsx, junit/"),
     executor: str = typer.Option("local", "--executor", help="local (processes here) or ray (Ray tasks)"),
     workers: int = typer.Option(2, "--workers", help="shards run at once"),

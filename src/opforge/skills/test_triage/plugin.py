@@ -74,7 +74,8 @@ def describe(item) -> dict:
         twin_name = method + (f"_{m.group('op')}" if m.group("op") else "") + "_cpu" + \
             (f"_{m.group('dtype')}" if m.group("dtype") else "")
         twin = "::".join([*item.nodeid.split("::")[:-2], generic_cls + "CPU", twin_name])
-    out.update(device=device, generic=f"{generic_cls}.{method}", op=m.group("op"), dtype=m.group("dtype"), twin=twin)
+    op = m.group("op") and re.sub(r"_(train|eval)_mode$", "", m.group("op"))  # a ModuleInfo's two modes: one module
+    out.update(device=device, generic=f"{generic_cls}.{method}", op=op, dtype=m.group("dtype"), twin=twin)
     return out
 
 

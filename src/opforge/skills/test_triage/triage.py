@@ -24,6 +24,7 @@ from opforge.skills.test_triage import shards as sh
 from opforge.skills.test_triage.cluster import Facts, clusters, representatives
 
 SUITES = {"ops": Path(__file__).parent / "suites" / "ops.py",
+          "modules": Path(__file__).parent / "suites" / "modules.py",
           "collectives": Path(__file__).parent / "suites" / "collectives.py"}
 FAILED = ("failed", "error")
 REPRESENTATIVES = 5  # tests of a cluster rerun and run on the CPU
