@@ -172,6 +172,19 @@ def test_each_planted_defect_is_its_own_cluster_with_its_category(triaged):
     assert not any(c["flaky"] for op in ("neg", "abs", "sub", "sgn") for c in by_op[op])
 
 
+def test_the_summary_links_each_clusters_tests_repro_and_log(triaged):
+    from openpyxl import load_workbook
+
+    out, run = triaged
+    rows = list(load_workbook(out / "summary.xlsx")["clusters"].iter_rows(values_only=True))
+    head = rows[0]
+    assert [r[0] for r in rows[1:]] == [c["id"] for c in run["clusters"]]
+    for row in rows[1:]:
+        for column in ("tests file", "repro", "log"):
+            assert (out / row[head.index(column)]).is_file(), (row[0], column)
+        assert row[head.index("signature")].split(":")[0] in (out / row[head.index("log")]).read_text()
+
+
 def test_each_cluster_gets_a_repro_a_verified_commit_and_no_upstream_file_changes(planted, triaged):
     out, run = triaged
     result = runner.invoke(app, ["test-triage", "fix", str(out), "--tree", str(planted), "--reruns", "2", "--json"])

@@ -84,7 +84,7 @@ def fix_command(
     timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="seconds a test may go without progress"),
     as_json: bool = typer.Option(False, "--json", help="print fix.json"),
 ):
-    """For each cluster: a repro, a fix (a kernel by op-adapt) or a declarative skip with its reason, one commit
+    """For each cluster: a fix (a kernel by op-adapt) or a declarative skip with its reason, one commit
     each on a new branch, verified by rerunning the cluster and its neighbours on that branch."""
     from opforge.backend.build import BuildError
     from opforge.skills.test_triage.fix import fix

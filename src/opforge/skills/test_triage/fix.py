@@ -1,6 +1,5 @@
 """`opforge test-triage fix DIR --tree TREE`: each cluster of a triage taken to a verified change.
 
-  repro     clusters/CNNN/repro.py runs the cluster's first test alone, without pytest or shards
   propose   a missing kernel the vendor library has: adapted by op-adapt. Anything else: a skip in torch's
             disabled-tests format (DISABLED_TESTS_FILE) with the reason and the evidence; for a behaviour
             mismatch the backend files that compute the operator are named for whoever fixes it for real.
@@ -45,29 +44,6 @@ def _load(triage_dir: Path) -> tuple[dict, dict[str, dict]]:
         r = json.loads(line)
         results[r["test"]] = r
     return run, results
-
-
-def repro_source(run: dict, test: str, result: dict) -> str:
-    """A script that runs one test of the run alone, through unittest, with the run's selection."""
-    file, cls, name = Path(run["file"]), test.split("::")[-2], test.split("::")[-1]
-    env = {"OPFORGE_TRIAGE_DEVICE": run["device"], "OPFORGE_TRIAGE_OPS": result.get("op") or run["ops"],
-           "OPFORGE_TRIAGE_DTYPES": result.get("dtype") or run["dtypes"]}
-    sample = f" (OpInfo sample {result['sample']})" if "sample" in result else ""
-    imports = "".join(f"import {m}  # the backend under test\n" for m in run["imports"])
-    return f'''"""Reproduces {test}{sample}: {result.get("exception", "")}: {result.get("message", "")[:200]!r}.
-Exit 1 while it fails. OPDEV_ROOT (or your backend's own setting) selects the backend's tree, as in the run."""
-import importlib
-import os
-import sys
-import unittest
-
-os.environ.update({env!r})
-{imports}
-sys.path.insert(0, {str(file.parent)!r})
-suite = importlib.import_module({file.stem!r})  # by its name: a multi-process test's ranks import it again
-result = unittest.TextTestRunner(verbosity=2).run(suite.{cls}({name!r}))
-sys.exit(0 if result.wasSuccessful() else 1)
-'''
 
 
 def locate(cluster: dict, tree: Path) -> list[str]:
@@ -142,10 +118,6 @@ def fix(triage_dir: Path, tree: Path, *, reruns: int = 3, workers: int = 2, time
     fixed_tree = worktree / rel
     fixes = []
     for cluster in run["clusters"]:
-        folder = triage_dir / "clusters" / cluster["id"]
-        folder.mkdir(parents=True, exist_ok=True)
-        first = cluster["tests"][0]
-        write_text_atomic(folder / "repro.py", repro_source(run, first, results.get(first, {})))
         proposal = propose(cluster, fixed_tree)
         if proposal["kind"] == "kernel":
             proposal["files"] = adapt_reference(proposal["op"], fixed_tree).files

@@ -79,7 +79,7 @@ def xlsx(result: dict) -> bytes:
     ws = wb.active
     ws.title = "clusters"
     head = ["cluster", "category", "rule", "operator", "tests", "dtypes", "generic tests", "flaky",
-            "reruns passed", "cpu twins", "signature", "causal frame", "tests file"]
+            "reruns passed", "cpu twins", "signature", "causal frame", "tests file", "repro", "log"]
     ws.append(head)
     for cell in ws[1]:
         cell.font = Font(bold=True)
@@ -87,11 +87,12 @@ def xlsx(result: dict) -> bytes:
         ws.append([c["id"], c["category"], c["rule"], c["operator"], c["size"], " ".join(c["dtypes"]),
                    " ".join(c["generics"]), "yes" if c["flaky"] else "", f"{c['passed_on_rerun']}/{c['reruns']}",
                    ", ".join(f"{n} {o}" for o, n in c["cpu_twins"].items()), c["signature"], c["causal_frame"],
-                   f"clusters/{c['id']}/tests.txt"])
-        link = ws.cell(row=ws.max_row, column=len(head))
-        link.hyperlink = f"clusters/{c['id']}/tests.txt"
-        link.font = Font(color="0563C1", underline="single")
-    for col, width in zip("ABCDEFGHIJKLM", (9, 20, 18, 22, 7, 30, 40, 6, 10, 14, 80, 50, 28)):
+                   *(f"clusters/{c['id']}/{name}" for name in ("tests.txt", "repro.py", "log.txt"))])
+        for column in range(len(head) - 2, len(head) + 1):
+            link = ws.cell(row=ws.max_row, column=column)
+            link.hyperlink = link.value
+            link.font = Font(color="0563C1", underline="single")
+    for col, width in zip("ABCDEFGHIJKLMNO", (9, 20, 18, 22, 7, 30, 40, 6, 10, 14, 80, 50, 28, 26, 24)):
         ws.column_dimensions[col].width = width
     ws.freeze_panes = "A2"
     buf = io.BytesIO()
@@ -99,16 +100,44 @@ def xlsx(result: dict) -> bytes:
     return buf.getvalue()
 
 
+def repro_source(run: dict, test: str, result: dict) -> str:
+    """A script that runs one test of the run alone, through unittest, with the run's selection."""
+    file, cls, name = Path(run["file"]), test.split("::")[-2], test.split("::")[-1]
+    env = {"OPFORGE_TRIAGE_DEVICE": run["device"], "OPFORGE_TRIAGE_OPS": result.get("op") or run["ops"],
+           "OPFORGE_TRIAGE_DTYPES": result.get("dtype") or run["dtypes"]}
+    sample = f" (OpInfo sample {result['sample']})" if "sample" in result else ""
+    imports = "".join(f"import {m}  # the backend under test\n" for m in run["imports"])
+    return f'''"""Reproduces {test}{sample}: {result.get("exception", "")}: {result.get("message", "")[:200]!r}.
+Exit 1 while it fails. OPDEV_ROOT (or your backend's own setting) selects the backend's tree, as in the run."""
+import importlib
+import os
+import sys
+import unittest
+
+os.environ.update({env!r})
+{imports}
+sys.path.insert(0, {str(file.parent)!r})
+suite = importlib.import_module({file.stem!r})  # by its name: a multi-process test's ranks import it again
+result = unittest.TextTestRunner(verbosity=2).run(suite.{cls}({name!r}))
+sys.exit(0 if result.wasSuccessful() else 1)
+'''
+
+
 def write(out: Path, result: dict) -> None:
     (out / "junit").mkdir(parents=True, exist_ok=True)
     for i, xml in enumerate(result["junit"]):
         write_text_atomic(out / "junit" / f"shard-{i:03d}.xml", xml)
+    records = {r["test"]: {**r, **{k: v for k, v in result["infos"].get(r["test"], {}).items() if k != "test"}}
+               for r in result["results"]}
     for c in result["clusters"]:
-        (out / "clusters" / c["id"]).mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "clusters" / c["id"] / "tests.txt", "\n".join(c["tests"]) + "\n")
-    write_text_atomic(out / "results.jsonl", "".join(
-        json.dumps({**r, **{k: v for k, v in result["infos"].get(r["test"], {}).items() if k != "test"}}) + "\n"
-        for r in result["results"]))
+        folder = out / "clusters" / c["id"]
+        folder.mkdir(parents=True, exist_ok=True)
+        first = records.get(c["tests"][0], {})
+        write_text_atomic(folder / "tests.txt", "\n".join(c["tests"]) + "\n")
+        write_text_atomic(folder / "repro.py", repro_source(result, c["tests"][0], first))
+        write_text_atomic(folder / "log.txt", f"{c['tests'][0]}\n{first.get('exception', '')}: "
+                                              f"{first.get('message', '')}\n\n{first.get('text', '')}\n")
+    write_text_atomic(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records.values()))
     write_bytes_atomic(out / "summary.xlsx", xlsx(result))
     write_text_atomic(out / "triage.md", markdown(result))
     write_json_atomic(out / "triage.json", summary(result))
