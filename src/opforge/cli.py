@@ -32,6 +32,7 @@ from opforge.llm.cli import draft_cmd
 from opforge.skills.api_consistency.command import api_consistency
 from opforge.skills.ci_fix.command import ci_fix_command
 from opforge.skills.graph_diagnose.command import graph_app
+from opforge.skills.helper.command import helper_app
 from opforge.skills.op_adapt.command import op_adapt_command
 from opforge.skills.op_test.command import op_test_app
 from opforge.skills.pr_analysis.command import pr_analysis_command
@@ -54,6 +55,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graph_app, name="graph")
 app.add_typer(test_triage_app, name="test-triage")
+app.add_typer(helper_app, name="helper")
 app.command("init")(init_cmd)
 
 out_console = Console()  # results: status and gate tables

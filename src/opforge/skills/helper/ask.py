@@ -1,0 +1,251 @@
+"""`opforge helper ask`: a question in, ranked citations and a short answer out.
+
+  route     an error message or log in the question names the skill that diagnoses it (routes.yaml)
+  symbols   names the question gives (`rename_privateuse1_backend`, `Library.impl`, `add.Tensor`, GB0042) looked up
+            in the exact symbol table
+  search    the question's words, BM25-ranked over each passage's names and text (FTS5)
+  support   a passage supports the question when it holds the words that carry most of its weight (by inverse
+            document frequency): a question whose rare words no passage holds is answered "nothing supports it"
+  answer    the best passages' own summaries, each with its file and line; with a model configured, the model
+            writes the answer from those passages alone and may refuse
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import sqlite3
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from opforge.skills.helper.chunks import module_name
+from opforge.skills.helper.index import WEIGHTS
+
+SUPPORT = 0.3  # the share of the question's word weight the best passage must hold
+CANDIDATES = 200  # passages BM25 hands to the reranking
+UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
+NATIVE = " AND c.path LIKE '%native_functions.yaml'"
+SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
+STOP = set("""a an and are as at be by can do does for from how i if in into is it its my of on or should so that the
+their then there these this to use used using via was we what when where which who why will with without you your
+me about get set make does doesn done any some one way there here tell show give gives need want work works
+""".split())
+KIND_BONUS = {"function": 1.0, "class": 1.0, "setting": 0.8, "entry": 1.0, "graph-break": 1.0, "section": 0.9,
+              "module": 0.9}
+
+
+@dataclass
+class Citation:
+    corpus: str
+    path: str
+    line: int
+    end_line: int
+    symbol: str
+    kind: str
+    snippet: str
+    summary: str
+    score: float
+
+
+@functools.cache
+def routes() -> list[dict]:
+    return yaml.safe_load((Path(__file__).with_name("routes.yaml")).read_text())
+
+
+def route(question: str) -> dict | None:
+    for r in routes():
+        pattern = r["pattern"] if isinstance(r["pattern"], str) else "|".join(r["pattern"])
+        m = re.search(pattern, question)
+        if m:
+            command = r["command"]
+            for key, value in m.groupdict().items():
+                if value:
+                    command = command.replace(key.upper(), value.removeprefix("aten::"))
+            return {"skill": r["skill"], "command": command, "why": r["why"], "matched": m.group(0)[:120]}
+    return None
+
+
+def identifiers(question: str) -> list[tuple[str, float]]:
+    """What the question names, with how surely it asks about it: backticked text and `aten::op` surely, dotted,
+    snake_case and CamelCase names and GB ids less (a question mentions `torch.compile` in passing)."""
+    found = [(t.strip().strip("()"), SURE) for t in re.findall(r"`([^`]+)`", question)]
+    for m in re.finditer(r"aten::(\w+)(\.\w+)?(?:\s*\((\w+) overload\))?", question):
+        overload = m.group(2) or (f".{m.group(3)}" if m.group(3) and m.group(3) != "default" else "")
+        found.append(("aten::" + m.group(1) + overload, SURE))
+    for token in re.findall(r"(?<!::)\b[A-Za-z_][\w.]*\w", question):
+        if "_" in token or "." in token or re.search(r"[a-z][A-Z]", token) or re.fullmatch(r"GB\d+", token):
+            found.append((token, MENTIONED))
+    return found
+
+
+def question_words(question: str) -> list[str]:
+    out = []
+    for w in re.findall(r"[A-Za-z][A-Za-z0-9]+|\d+", question):
+        w = w.lower()
+        if w not in STOP and w not in out:
+            out.append(w)
+    return out
+
+
+def _private(symbol: str, path: str) -> bool:
+    """A Python symbol whose own name, or its class's, starts with `_` (dunder methods are public)."""
+    if not path.endswith(".py"):
+        return False
+    own = symbol.removeprefix(module_name(path)).strip(".")
+    return any(part.startswith("_") and not part.endswith("__") for part in own.split(".") if part)
+
+
+def _fts(word: str) -> str:
+    return '"' + word.replace('"', "") + '"'
+
+
+def _row(r) -> Citation:
+    corpus, path, line, end, symbol, kind, text, summary = r[:8]
+    return Citation(corpus, path, line, end, symbol, kind, "\n".join(text.splitlines()[:12]), summary, 0.0)
+
+
+_COLUMNS = "c.corpus, c.path, c.line, c.end_line, c.symbol, c.kind, c.text, c.summary, c.id"
+
+
+def _prior(symbol: str, path: str, kind: str, summary: str) -> float:
+    """How likely a passage is what a developer asks for, before reading it: public API over private helpers,
+    documented code over undocumented, code over tests."""
+    weight = KIND_BONUS.get(kind, 1.0)
+    if _private(symbol, path):
+        weight *= 0.7
+    if not summary:
+        weight *= UNDOCUMENTED
+    if "/tests/" in path or path.rsplit("/", 1)[-1].startswith("test_") or symbol.rsplit(".", 1)[-1].startswith("test"):
+        weight *= 0.6
+    return weight
+
+
+def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str] | None = None) -> dict:
+    """The k best passages for a question, whether any supports it, and the route of an error in it."""
+    where = f" AND c.corpus IN ({','.join('?' * len(corpora))})" if corpora else ""
+    params = list(corpora or [])
+    words = question_words(question)
+    total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] or 1
+    idf = {}
+    for w in words:
+        df = db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_fts(w),)).fetchone()[0]
+        idf[w] = math.log((total - df + 0.5) / (df + 0.5) + 1)
+
+    bm25: dict[int, float] = {}
+    rows: dict[int, tuple] = {}
+    match = " OR ".join(_fts(w) for w in words)
+    if match:
+        for r in db.execute(f"SELECT {_COLUMNS}, -bm25(fts, ?, ?, ?) FROM fts JOIN chunks c ON c.id = fts.rowid "
+                            f"WHERE fts MATCH ?{where} ORDER BY bm25(fts, ?, ?, ?) LIMIT ?",
+                            [*WEIGHTS, match, *params, *WEIGHTS, CANDIDATES]):
+            rows[r[8]], bm25[r[8]] = r, r[9]
+    top = max(bm25.values(), default=1.0)
+
+    bonus: dict[int, float] = {}
+    for ident, sure in identifiers(question):
+        op = ident.startswith("aten::")  # an ATen operator is declared in native_functions.yaml, nowhere else
+        for r in db.execute(f"SELECT {_COLUMNS} FROM symbols s JOIN chunks c ON c.id = s.chunk "
+                            f"WHERE s.name = ?{where}{NATIVE if op else ''} LIMIT 20",
+                            [ident.removeprefix("aten::").lower(), *params]):
+            rows.setdefault(r[8], r)
+            bonus[r[8]] = max(bonus.get(r[8], 0.0), sure * top)
+    for phrase in re.findall(r"\"([^\"]{12,})\"", question):  # quoted error text: passages that hold it whole
+        phrase_words = re.findall(r"[A-Za-z0-9]+", phrase)
+        if len(phrase_words) < 3:
+            continue
+        query = '"' + " ".join(phrase_words) + '"'
+        for r in db.execute(f"SELECT {_COLUMNS} FROM fts JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ?{where} "
+                            "LIMIT 20", [query, *params]):
+            rows.setdefault(r[8], r)
+            bonus[r[8]] = bonus.get(r[8], 0.0) + SURE * top
+    missing = [i for i in rows if i not in bm25]
+    if missing and match:
+        marks = ",".join("?" * len(missing))
+        for rowid, score in db.execute(f"SELECT rowid, -bm25(fts, ?, ?, ?) FROM fts WHERE fts MATCH ? AND rowid IN "
+                                       f"({marks})", [*WEIGHTS, match, *missing]):
+            bm25[rowid] = score
+
+    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7]) for i, r in rows.items()}
+    ranked = sorted(scored, key=lambda i: -scored[i])[:k]
+
+    def coverage(chunk_id: int) -> float:
+        weight = sum(idf.values())
+        if not weight:
+            return 0.0
+        held = sum(idf[w] for w in words if db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?",
+                                                        (chunk_id, _fts(w))).fetchone())
+        return held / weight
+
+    citations = []
+    for i in ranked:
+        c = _row(rows[i])
+        c.score = round(scored[i], 3)
+        citations.append(c)
+    best = coverage(ranked[0]) if ranked else 0.0
+    supported = bool(ranked) and (bonus.get(ranked[0], 0.0) >= SURE * top or best >= SUPPORT)
+    return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
+            "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],
+            "unsupported_candidates": [] if supported else [asdict(c) for c in citations[:3]]}
+
+
+def answer_text(found: dict) -> str:
+    """The answer from the citations' own words, each claim with its file and line."""
+    lines = []
+    if found["route"]:
+        r = found["route"]
+        lines.append(f"This looks like an error for {r['skill']} ({r['why']}). Run: `{r['command']}`")
+    if not found["supported"]:
+        lines.append("Nothing in the indexed sources supports an answer to this question"
+                     + (f" (the best passage holds {found['coverage']:.0%} of its key words)." if found["words"]
+                        else "."))
+        return "\n".join(lines)
+    best, *more = found["citations"]
+    lines.append(f"`{best['symbol']}` ({best['corpus']}: {best['path']}:{best['line']})"
+                 + (f": {best['summary']}" if best["summary"] else "."))
+    for c in more[:2]:
+        lines.append(f"See also `{c['symbol']}` ({c['corpus']}: {c['path']}:{c['line']})"
+                     + (f": {c['summary'][:200]}" if c["summary"] else "."))
+    return "\n".join(lines)
+
+
+def snippet_for(citation: dict) -> str | None:
+    """Code that shows the cited thing for real: its docstring's example, or its signature and where Python finds
+    it. Only the torch and opforge corpora are importable here (torch-npu is read as data)."""
+    if citation["corpus"] not in ("torch", "opforge") or citation["kind"] not in ("function", "class", "setting"):
+        return None
+    example = [line.strip()[4:] for line in citation["snippet"].splitlines() if line.strip().startswith(">>> ")]
+    if example:
+        return "\n".join(example)
+    module, _, name = citation["symbol"].rpartition(".")
+    parts = citation["symbol"].split(".")
+    return (f"import importlib, inspect\n"
+            f"parts = {parts!r}\n"
+            f"for i in range(len(parts) - 1, 0, -1):\n"
+            f"    try:\n"
+            f"        obj = importlib.import_module('.'.join(parts[:i]))\n"
+            f"        break\n"
+            f"    except ImportError:\n"
+            f"        continue\n"
+            f"for part in parts[i:]:\n"
+            f"    obj = getattr(obj, part)\n"
+            f"print({citation['symbol']!r}, '=', repr(obj)[:200])\n"
+            f"if callable(obj):\n"
+            f"    try:\n"
+            f"        print('signature:', inspect.signature(obj))\n"
+            f"    except (TypeError, ValueError):\n"
+            f"        pass\n"
+            f"    print('defined in:', inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1])\n"
+            if module else None)
+
+
+def run_snippet(code: str, timeout_s: float = 60.0) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"code": code, "exit_code": None, "output": f"stopped after {timeout_s:.0f} s"}
+    return {"code": code, "exit_code": proc.returncode, "output": (proc.stdout + proc.stderr)[-4000:]}
