@@ -2,6 +2,7 @@
 routed to skills, refusals, and the shipped question set answered from the installed torch and opforge."""
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,36 @@ def test_a_torch_npu_wheel_is_read_as_data(tmp_path):
     db = sqlite3.connect(path)
     assert db.execute("SELECT path, symbol FROM chunks").fetchall() == [("torch_npu/__init__.py",
                                                                         "torch_npu._apply_patches")]
+
+
+def test_a_model_answers_from_the_passages_alone_and_an_ungrounded_answer_is_set_aside(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llm_replay import Replay, text
+
+    src = tmp_path / "src"
+    (src / "dev").mkdir(parents=True)
+    (src / "dev" / "names.py").write_text('def rename_backend(name):\n    """Renames the custom backend device so '
+                                          'tensors print with its own name."""\n')
+    path = tmp_path / "i.sqlite"
+    assert runner.invoke(app, ["helper", "index", "--corpus", str(src), "--index", str(path)]).exit_code == 0
+    monkeypatch.setenv("OPFORGE_TEST_HELPER_KEY", "sk-helper")
+    config = tmp_path / "llm.yaml"
+    question = "How do I rename the custom backend device?"
+    script_first = "Call `rename_backend(name)` in dev/names.py:1 [1]."
+    script = [text(script_first), text("It is rename_backend [7]."),
+              text("NO SUPPORT")]
+    with Replay(script, key="sk-helper") as srv:
+        config.write_text(f"provider: openai\nbase_url: {srv.url}/v1\nmodel: replay\n"
+                          "api_key_env: OPFORGE_TEST_HELPER_KEY\n")
+        ask = ["helper", "ask", question, "--index", str(path), "--llm-config", str(config), "--json"]
+        grounded = json.loads(runner.invoke(app, ask).output)
+        stray = json.loads(runner.invoke(app, ask).output)
+        refused = json.loads(runner.invoke(app, ask).output)
+        none = runner.invoke(app, ["helper", "ask", "What is the capital of Mongolia?", "--index", str(path),
+                                   "--llm-config", str(config), "--json"])
+        sent = srv.requests
+    assert grounded["answer"] == script_first and grounded["model"]["cited"] == [1]
+    assert "Renames the custom backend device" in sent[0]["messages"][1]["content"]  # the passage, numbered [1]
+    assert stray["model"]["error"].endswith("[7]") and stray["answer"].startswith("`dev.names.rename_backend`")
+    assert refused["model"]["refused"] and "no support" in refused["answer"]
+    assert not json.loads(none.output)["supported"] and len(sent) == 3  # nothing retrieved: the model not asked

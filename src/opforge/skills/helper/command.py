@@ -87,12 +87,18 @@ def ask_command(
     run: bool = typer.Option(False, "--run", help="run the answer's code in a child process and show its output"),
     timeout: float = typer.Option(60.0, "--timeout", min=1.0, help="seconds --run may take"),
     index_path: Path = typer.Option(None, "--index", help=_INDEX_HELP),
+    llm_config: str = typer.Option(None, "--llm-config", help="a model to write the answer from the passages "
+                                                              "(default: $OPFORGE_LLM_CONFIG or ./opforge-llm.yaml "
+                                                              "where one exists)"),
+    no_model: bool = typer.Option(False, "--no-model", help="answer from the passages alone, even with a model"),
     as_json: bool = typer.Option(False, "--json", help="print answer and citations as JSON"),
 ):
     """Answer from the indexed sources, citing file and line; says so when nothing supports an answer."""
-    from opforge.skills.helper import ask, index
+    from opforge.llm.config import load_config
+    from opforge.skills.helper import ask, grounded, index
 
     try:
+        cfg = None if no_model else load_config(llm_config, required=bool(llm_config))
         db = index.open_index(index_path or index.default_path())
         wanted = [c.strip() for c in corpus.split(",") if c.strip()]
         known = index.corpora(db)
@@ -103,6 +109,11 @@ def ask_command(
         _fail(exc, as_json)
     found = ask.search(db, question, k=k, corpora=wanted or None)
     found["answer"] = ask.answer_text(found)
+    if cfg is not None and found["supported"]:
+        by_model = grounded.answer(cfg, question, found["citations"])
+        found["model"] = {**cfg.public(), **by_model}
+        if "error" not in by_model:
+            found["answer"] = by_model["answer"]
     if run:
         code = ask.snippet_for(found["citations"][0]) if found["citations"] else None
         found["run"] = ask.run_snippet(code, timeout) if code else {"code": None, "output": "no runnable code "
@@ -110,6 +121,8 @@ def ask_command(
     if as_json:
         typer.echo(json.dumps(found, indent=1))
         return
+    if "error" in found.get("model", {}):
+        typer.echo(f"(the model's answer was set aside: {found['model']['error']})")
     typer.echo(found["answer"])
     for n, c in enumerate(found["citations"], 1):
         typer.echo(f"  [{n}] {c['corpus']}: {c['path']}:{c['line']}  {c['symbol']}")
