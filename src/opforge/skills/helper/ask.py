@@ -28,6 +28,11 @@ from opforge.skills.helper.index import WEIGHTS
 
 SUPPORT = 0.3  # the share of the question's word weight the best passage must hold
 CANDIDATES = 200  # passages BM25 hands to the reranking
+CORPUS_NAMED = {  # a question that names a corpus asks about it: torch_npu's own code over torch's, and so on
+    "torch-npu": r"torch[_-]npu|\bnpu\b|ascend|hccl|torchair",
+    "opforge": r"opforge|test-triage|graph-diagnose|graph diagnose|api-consistency|op-adapt|ci-fix|pr-analysis",
+}
+ASKED_CORPUS = 2.5
 UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
 NATIVE = " AND c.path LIKE '%native_functions.yaml'"
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -170,7 +175,9 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
                                        f"({marks})", [*WEIGHTS, match, *missing]):
             bm25[rowid] = score
 
-    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7]) for i, r in rows.items()}
+    named_corpora = {c for c, pattern in CORPUS_NAMED.items() if re.search(pattern, question, re.I)}
+    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
+              * (ASKED_CORPUS if r[0] in named_corpora else 1.0) for i, r in rows.items()}
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
     def coverage(chunk_id: int) -> float:

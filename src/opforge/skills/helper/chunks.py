@@ -53,9 +53,15 @@ def _lines(lines: list[str], start: int, end: int) -> str:
     return "\n".join(lines[start - 1:min(end, start - 1 + MAX_LINES)])
 
 
-def _comment_above(lines: list[str], line: int) -> int:
-    """The first line of the comment block right above `line` (1-based), or `line` if there is none."""
-    start = line
+def _comment_above(lines: list[str], line: int, gap: int = 0) -> int:
+    """The first line of the comment block right above `line` (1-based; up to `gap` blank lines between), or
+    `line` if there is none."""
+    above = line
+    while above > 1 and line - above - 1 < gap and not lines[above - 2].strip():
+        above -= 1
+    if above == 1 or not lines[above - 2].lstrip().startswith("#"):
+        return line
+    start = above
     while start > 1 and lines[start - 2].lstrip().startswith("#"):
         start -= 1
     return start
@@ -79,8 +85,10 @@ def python(path: str, source: str) -> list[Chunk]:
                 name = f"{prefix}.{node.name}"
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 kind = "class" if isinstance(node, ast.ClassDef) else "function"
-                out.append(Chunk(name, kind, start, node.end_lineno or start, _lines(lines, start, node.end_lineno),
-                                 first_paragraph(ast.get_docstring(node))))
+                above = _comment_above(lines, start, gap=2)  # torch often explains a def in comments instead
+                text = _lines(lines, above, start - 1) + "\n" + _lines(lines, start, node.end_lineno)
+                out.append(Chunk(name, kind, start, node.end_lineno or start, text.strip("\n"),
+                                 first_paragraph(ast.get_docstring(node)) or _comment(lines, above, start)))
                 if isinstance(node, ast.ClassDef):
                     visit(node.body, name)  # methods and nested classes; a function's own closures stay in it
 
