@@ -3,6 +3,7 @@ failures clustered and classified (triage.py; report.py says what it writes). Ex
 1 with failures triaged, 2 for bad input."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,21 @@ from opforge.workspace import check_out_folder, os_error
 
 test_triage_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                               help="test-triage: upstream device-generic tests on a backend, failures clustered")
+
+
+@contextlib.contextmanager
+def _bars(as_json: bool):
+    """A progress(advance, total, what) that keeps one bar for each `what` (a phase) on stderr."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=as_json) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(advance, total, what):
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], advance=advance)
+
+        yield progress
 
 
 @test_triage_app.command("run")
@@ -51,15 +67,7 @@ def run_command(
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise os_error(out, exc) from None
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True, disable=as_json) as bar:
-            tasks: dict[str, int] = {}
-
-            def progress(advance, total, what):
-                if what not in tasks:
-                    tasks[what] = bar.add_task(what, total=total)
-                bar.update(tasks[what], advance=advance)
-
+        with _bars(as_json) as progress:
             result = run(device=device, imports=list(imports), suite=suite, ops=ops, dtypes=dtypes,
                          executor=executor, workers=workers, address=address, reruns=reruns, timeout=timeout,
                          shard_size=shard_size, progress=progress)
@@ -90,15 +98,7 @@ def fix_command(
     from opforge.skills.test_triage.fix import fix
 
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True, disable=as_json) as bar:
-            tasks: dict[str, int] = {}
-
-            def progress(advance, total, what):
-                if what not in tasks:
-                    tasks[what] = bar.add_task(what, total=total)
-                bar.update(tasks[what], advance=advance)
-
+        with _bars(as_json) as progress:
             result = fix(triage_dir, tree, reruns=reruns, workers=workers, timeout=timeout, progress=progress)
     except InputError as exc:
         report_error(typer.echo, exc.where, exc.what, 2, as_json=as_json)

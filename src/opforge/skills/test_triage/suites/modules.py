@@ -21,6 +21,8 @@ from torch.testing._internal.common_modules import module_db, modules
 from torch.testing._internal.common_utils import TestCase, freeze_rng_state
 from torch.utils._pytree import tree_map
 
+from opforge.skills.test_triage.suites.layout import strided as _strided
+
 DEVICE = os.environ.get("OPFORGE_TRIAGE_DEVICE", "cpu")
 MAX_SAMPLES = 4  # a module's first inputs: the later ones vary constructor arguments the first already cover
 
@@ -37,16 +39,6 @@ MODULES = selected()
 DTYPES = [getattr(torch, d) for d in os.environ.get("OPFORGE_TRIAGE_DTYPES", "").split(",") if d] or None
 if not MODULES:
     pytest.skip("no ModuleInfo selected", allow_module_level=True)
-
-
-def _strided(device, t):
-    """`t` on the device with every other element of its last dimension skipped (see ops.py's `_strided`)."""
-    if t.dim() == 0 or t.numel() == 0:
-        return t.detach().to(device).requires_grad_(t.requires_grad)
-    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=device)
-    view = wide[..., ::2]
-    view.copy_(t.detach())
-    return view.requires_grad_(t.requires_grad)
 
 
 def _moved(device, x, strided=False):

@@ -18,6 +18,8 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase
 
+from opforge.skills.test_triage.suites.layout import strided as _strided
+
 DEVICE = os.environ.get("OPFORGE_TRIAGE_DEVICE", "cpu")
 MAX_SAMPLES = 8  # the first samples of each OpInfo: its edge cases come first, its large ones last
 
@@ -61,17 +63,6 @@ def _samples(op, dtype, requires_grad=False):
 def _to(device, sample):
     return sample.transform(lambda t: t.detach().to(device).requires_grad_(t.requires_grad)
                             if isinstance(t, torch.Tensor) else t)
-
-
-def _strided(device, t):
-    """`t` on the device with every other element of its last dimension skipped: `Tensor.to` would make a
-    non-contiguous CPU tensor contiguous again, and the device must see the strides."""
-    if t.dim() == 0 or t.numel() == 0:
-        return t.detach().to(device).requires_grad_(t.requires_grad)
-    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=device)
-    view = wide[..., ::2]
-    view.copy_(t.detach())
-    return view.requires_grad_(t.requires_grad)
 
 
 def _cpu(x):
