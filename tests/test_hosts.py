@@ -340,3 +340,35 @@ def test_reinstall_replaces_hooks_of_another_interpreter_and_of_older_installs(r
     assert set(commands()) == {render.hook_command("claude")} and len(commands()) == 3
     assert runner.invoke(app, ["init", "--uninstall", str(repo)]).exit_code == 0
     assert not settings_path.exists() and not (repo / ".claude").exists()
+
+
+@pytest.mark.parametrize("host, skills, agent, rules", [
+    ("copilot", ".github/skills", ".github/agents/developer.agent.md", ".github/copilot-instructions.md"),
+    ("trae", ".trae/skills", ".trae/rules/opforge-developer.md", ".trae/rules/project_rules.md"),
+])
+def test_copilot_and_trae_get_their_documented_files_idempotently_and_uninstall_exactly(repo, host, skills, agent,
+                                                                                          rules):
+    (repo / "README.md").write_text("# Project\n")
+    before, before_dirs = _tree(repo), _dirs(repo)
+    out = _init("--host", host, str(repo))
+    assert (repo / skills / "op-develop" / "SKILL.md").is_file() and out["skills"]
+    meta, body = split_front_matter((repo / agent).read_text())
+    assert meta["description"] and "developer" in body.lower()
+    if host == "copilot":
+        assert meta["name"] == "developer" and "edit" in meta["tools"]
+        orchestrator, _ = split_front_matter((repo / ".github/agents/orchestrator.agent.md").read_text())
+        assert "edit" not in orchestrator["tools"]  # the orchestrator moves the state and writes no code
+    else:
+        assert meta["alwaysApply"] is False  # pulled in by its description, as Trae's rules are
+    assert f"opforge:begin {host}" in (repo / rules).read_text()
+    assert runner.invoke(app, ["skills", "validate", str(repo / skills)]).exit_code == 0
+    installed = _tree(repo)
+    assert _init("--host", host, str(repo))["changed"] == [] and _tree(repo) == installed
+    assert runner.invoke(app, ["init", "--uninstall", "--host", host, str(repo)]).exit_code == 0
+    assert _tree(repo) == before and _dirs(repo) == before_dirs
+
+
+def test_trae_has_no_user_level_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    res = runner.invoke(app, ["init", "--host", "trae", "--global"])
+    assert res.exit_code == 2 and "per project only" in res.output and len(res.output.strip().splitlines()) == 1

@@ -92,7 +92,7 @@ def _planned_files(host: str, lay, skills, hook_argv: list[str]) -> dict[str, by
         for rel, data in skill_files(r).items():
             files[f"{lay.skills_dir}/{r.name}/{rel}"] = data
     if lay.agents_dir:
-        prefix = "opforge-" if host == "cursor" else ""
+        prefix = "opforge-" if host in ("cursor", "trae") else ""  # a rules folder the user shares with us
         for fname, text in render.all_role_files(host, names, lay.agent_ext).items():
             files[f"{lay.agents_dir}/{prefix}{fname}"] = text.encode()
     if lay.hooks == "opencode-plugin":
@@ -107,6 +107,8 @@ def install(host: str, base: Path, *, global_: bool = False, force: bool = False
     if not base.is_dir():
         raise InputError(str(base), "not a folder")
     lay = layout(host, global_)
+    if lay is None:
+        raise InputError("--global", f"{host} reads skills and rules per project only: install into a project")
     skills, invalid = package_skills()
     mpath = manifest_path(base, host)
     old = _load_manifest(mpath)

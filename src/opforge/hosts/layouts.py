@@ -6,13 +6,20 @@ Claude Code: `.claude/skills/<name>/SKILL.md`, subagents in `.claude/agents/<nam
 Codex: skills in `.agents/skills` (user: `~/.agents/skills`), rules and roles in `AGENTS.md` (user:
 `~/.codex/AGENTS.md`); it has no agent files or hooks. Cursor: `.cursor/skills`, roles as rules in
 `.cursor/rules/*.mdc`, `AGENTS.md`; user-level rules live in its settings, so `--global` installs skills only.
+GitHub Copilot (docs.github.com, "Adding agent skills", "Creating custom agents", "Adding repository custom
+instructions"): project skills in `.github/skills/<name>/SKILL.md`, custom agents as `.github/agents/<name>.agent.md`
+(front matter `name`, `description`, `tools`), repository instructions in `.github/copilot-instructions.md`; for
+the user, `~/.copilot/skills` and `~/.copilot/agents` (its personal instructions live in its settings). Trae
+(docs.trae.ai, "Rules" and "Skills"): skills in `.trae/skills/<name>/SKILL.md`, rules as Markdown files in
+`.trae/rules/` (front matter `description`, `alwaysApply`; the project's own rules in `project_rules.md`), so the
+roles become rules the agent pulls in by description; Trae keeps both per project only, so it has no `--global`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-HOSTS = ("claude", "opencode", "codex", "cursor")
+HOSTS = ("claude", "opencode", "codex", "cursor", "copilot", "trae")
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,9 @@ _PROJECT = {
                        ".opencode/plugins/opforge-gate.js"),
     "codex": Layout("codex", ".agents/skills", None, "", "AGENTS.md", None, None),
     "cursor": Layout("cursor", ".cursor/skills", ".cursor/rules", ".mdc", "AGENTS.md", None, None),
+    "copilot": Layout("copilot", ".github/skills", ".github/agents", ".agent.md", ".github/copilot-instructions.md",
+                      None, None),
+    "trae": Layout("trae", ".trae/skills", ".trae/rules", ".md", ".trae/rules/project_rules.md", None, None),
 }
 _GLOBAL = {  # relative to the home folder
     "claude": Layout("claude", ".claude/skills", ".claude/agents", ".md", ".claude/CLAUDE.md", "claude-settings",
@@ -41,8 +51,10 @@ _GLOBAL = {  # relative to the home folder
                        ".config/opencode/AGENTS.md", "opencode-plugin", ".config/opencode/plugins/opforge-gate.js"),
     "codex": Layout("codex", ".agents/skills", None, "", ".codex/AGENTS.md", None, None),
     "cursor": Layout("cursor", ".cursor/skills", None, "", None, None, None),
+    "copilot": Layout("copilot", ".copilot/skills", ".copilot/agents", ".agent.md", None, None, None),
 }
 
 
-def layout(host: str, global_: bool) -> Layout:
-    return (_GLOBAL if global_ else _PROJECT)[host]
+def layout(host: str, global_: bool) -> Layout | None:
+    """Where the host looks; None where it has no such place (Trae for the user)."""
+    return (_GLOBAL if global_ else _PROJECT).get(host)

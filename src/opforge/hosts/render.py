@@ -20,6 +20,8 @@ LEGACY_HOOK_COMMAND = "opforge-hook gate --host {host}"
 HOOK_MODULE = "opforge.hosts.gate_hook"
 # Claude Code subagents get only the tools their role needs: the orchestrator has no Write or Edit
 _CLAUDE_TOOLS = {True: "Read, Grep, Glob, Bash", False: "Read, Grep, Glob, Bash, Write, Edit"}
+# Copilot's tool aliases (custom agents' `tools`): the same split, by its names
+_COPILOT_TOOLS = {True: ["read", "search", "execute"], False: ["read", "search", "execute", "edit"]}
 
 
 def _front(meta: dict) -> str:
@@ -39,8 +41,11 @@ def agent_file(host: str, role: Role, skills: list[str]) -> str:
             # OpenCode applies the last matching pattern: allow everything, then deny the state commands
             meta["permission"] = {"bash": {"*": "allow", **{f"{c}*": "deny" for c in STATE_COMMANDS}}}
         return _front(meta) + body
-    if host == "cursor":
+    if host in ("cursor", "trae"):  # a rule the agent pulls in when its description fits the task
         return _front({"description": role.description, "alwaysApply": False}) + body
+    if host == "copilot":
+        return _front({"name": role.name, "description": role.description,
+                       "tools": _COPILOT_TOOLS[role.moves_state]}) + body
     raise ValueError(f"{host} has no agent files")
 
 
