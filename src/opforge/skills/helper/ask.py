@@ -33,6 +33,12 @@ CORPUS_NAMED = {  # a question that names a corpus asks about it: torch_npu's ow
     "opforge": r"opforge|test-triage|graph-diagnose|graph diagnose|api-consistency|op-adapt|ci-fix|pr-analysis",
 }
 ASKED_CORPUS = 2.5
+ASKED_KIND = [  # what a question asks for by its words: a setting, a class, a yaml entry
+    (r"\b(setting|config|configuration|flag|option)s?\b", "setting"),
+    (r"\b(base )?class(es)?\b", "class"),
+    (r"\b(yaml|schema|overload)\b", "entry"),
+]
+ASKED = 1.4
 UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
 NATIVE = " AND c.path LIKE '%native_functions.yaml'"
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -176,8 +182,10 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
             bm25[rowid] = score
 
     named_corpora = {c for c, pattern in CORPUS_NAMED.items() if re.search(pattern, question, re.I)}
+    asked_kinds = {kind for pattern, kind in ASKED_KIND if re.search(pattern, question, re.I)}
     scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
-              * (ASKED_CORPUS if r[0] in named_corpora else 1.0) for i, r in rows.items()}
+              * (ASKED_CORPUS if r[0] in named_corpora else 1.0) * (ASKED if r[5] in asked_kinds else 1.0)
+              for i, r in rows.items()}
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
     def coverage(chunk_id: int) -> float:
