@@ -85,9 +85,13 @@ def identifiers(question: str) -> list[tuple[str, float]]:
     """What the question names, with how surely it asks about it: backticked text and `aten::op` surely, dotted,
     snake_case and CamelCase names and GB ids less (a question mentions `torch.compile` in passing)."""
     found = [(t.strip().strip("()"), SURE) for t in re.findall(r"`([^`]+)`", question)]
-    for m in re.finditer(r"aten::(\w+)(\.\w+)?(?:\s*\((\w+) overload\))?", question):
-        overload = m.group(2) or (f".{m.group(3)}" if m.group(3) and m.group(3) != "default" else "")
+    said = re.search(r"\b(\w+) overload\b", question)  # "(dim_IntList overload)", "in its self overload"
+    for m in re.finditer(r"aten::(\w+)(\.\w+)?", question):
+        overload = m.group(2) or (f".{said.group(1)}" if said and said.group(1) not in ("default", "its", "the")
+                                  else "")
         found.append(("aten::" + m.group(1) + overload, SURE))
+        if re.search(r"\bout=|\bout variant", question) and not m.group(2):
+            found.append(("aten::" + m.group(1) + ".out", SURE))  # an op's out= variant is its .out overload
     for token in re.findall(r"(?<!::)\b[A-Za-z_][\w.]*\w", question):
         if "_" in token or "." in token or re.search(r"[a-z][A-Z]", token) or re.fullmatch(r"GB\d+", token):
             found.append((token, MENTIONED))

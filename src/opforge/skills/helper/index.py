@@ -51,9 +51,12 @@ def words(text: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", " ", text)
 
 
-def symbol_keys(symbol: str) -> set[str]:
-    """The names a question may give a symbol by: whole, or its last one or two dotted parts."""
+def symbol_keys(symbol: str, kind: str = "") -> set[str]:
+    """The names a question may give a symbol by: whole, or its last one or two dotted parts; a yaml entry
+    (`sum.dim_IntList`) by its operator, whose overload is no name of its own."""
     parts = symbol.lower().split(".")
+    if kind == "entry":
+        return {symbol.lower(), parts[0]}
     return {symbol.lower(), parts[-1], ".".join(parts[-2:])}
 
 
@@ -114,7 +117,8 @@ def _insert(db: sqlite3.Connection, corpus: str, path: str, passages: list[ch.Ch
                          (corpus, path, c.symbol, c.kind, c.line, c.end_line, names, c.text, c.summary))
         db.execute("INSERT INTO fts(rowid, names, summary, text) VALUES (?,?,?,?)",
                    (cur.lastrowid, names, c.summary, c.text))
-        db.executemany("INSERT INTO symbols VALUES (?,?)", [(k, cur.lastrowid) for k in symbol_keys(c.symbol)])
+        db.executemany("INSERT INTO symbols VALUES (?,?)",
+                       [(k, cur.lastrowid) for k in symbol_keys(c.symbol, c.kind)])
 
 
 def build(db: sqlite3.Connection, corpus: str, root: str, files: Iterable[File],
