@@ -95,7 +95,7 @@ def test_the_shipped_question_set_is_answered_with_citations(built):
     assert result.exit_code == 0, result.output
     scores = json.loads(result.output)
     assert scores["answerable"] >= 50
-    assert scores["top3"] >= 0.5, [r for r in scores["rows"] if r["rank"] is None]  # measured 0.56: a floor
+    assert scores["top3"] >= 0.6, [r for r in scores["rows"] if r["rank"] is None]  # measured 0.66: a floor
     assert scores["refused_right"] == scores["unanswerable"] > 0
 
 

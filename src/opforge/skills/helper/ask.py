@@ -39,6 +39,9 @@ ASKED_KIND = [  # what a question asks for by its words: a setting, a class, a y
     (r"\b(yaml|schema|overload)\b", "entry"),
 ]
 ASKED = 1.4
+# the registry's hints hold every compile word: its entries answer a question about a graph break, not any other
+GRAPH_BREAK_ASKED = r"graph.?break|\bGB\d+|\bsays\b|\breports\b|stopped tracing|Unsupported"
+UNASKED = 0.6
 UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
 NATIVE = " AND c.path LIKE '%native_functions.yaml'"
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -187,8 +190,10 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
 
     named_corpora = {c for c, pattern in CORPUS_NAMED.items() if re.search(pattern, question, re.I)}
     asked_kinds = {kind for pattern, kind in ASKED_KIND if re.search(pattern, question, re.I)}
+    unasked = set() if re.search(GRAPH_BREAK_ASKED, question, re.I) else {"graph-break"}
     scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
               * (ASKED_CORPUS if r[0] in named_corpora else 1.0) * (ASKED if r[5] in asked_kinds else 1.0)
+              * (UNASKED if r[5] in unasked else 1.0)
               for i, r in rows.items()}
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
