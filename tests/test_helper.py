@@ -113,6 +113,9 @@ def test_an_answer_cites_and_runs_and_a_question_without_support_is_refused(buil
     none = json.loads(runner.invoke(app, ["helper", "ask", "What temperature should sourdough bread bake at?",
                                           "--index", str(path), "--json"]).output)
     assert not none["supported"] and none["citations"] == [] and "Nothing in the indexed sources" in none["answer"]
+    made_up = json.loads(runner.invoke(app, ["helper", "ask", "How do I call torch.library.register_quantum_kernel "
+                                                              "for my device?", "--index", str(path), "--json"]).output)
+    assert not made_up["supported"] and made_up["unknown"] == ["torch.library.register_quantum_kernel"]
 
 
 @pytest.mark.parametrize("args, where", [

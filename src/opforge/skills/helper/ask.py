@@ -130,6 +130,16 @@ def _row(r) -> Citation:
 _COLUMNS = "c.corpus, c.path, c.line, c.end_line, c.symbol, c.kind, c.text, c.summary, c.id"
 
 
+def _made_up(db: sqlite3.Connection, ident: str) -> bool:
+    """A torch or torch_npu API the question names that no source defines: `torch.npu.flux_capacitor_sync`.
+    Only a many-word name counts: `torch.mydev` is how users write their own device's module."""
+    root, _, last = ident.partition(".")
+    if root not in ("torch", "torch_npu") or "_" not in last.rsplit(".", 1)[-1].strip("_"):
+        return False
+    name = last.rsplit(".", 1)[-1].lower()
+    return db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (name,)).fetchone() is None
+
+
 def _prior(symbol: str, path: str, kind: str, summary: str) -> float:
     """How likely a passage is what a developer asks for, before reading it: public API over private helpers,
     documented code over undocumented, code over tests."""
@@ -211,8 +221,10 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         c.score = round(scored[i], 3)
         citations.append(c)
     best = coverage(ranked[0]) if ranked else 0.0
-    supported = bool(ranked) and (bonus.get(ranked[0], 0.0) >= SURE * top or best >= SUPPORT)
+    unknown = [i for i, _ in identifiers(question) if _made_up(db, i)]
+    supported = bool(ranked) and not unknown and (bonus.get(ranked[0], 0.0) >= SURE * top or best >= SUPPORT)
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
+            "unknown": unknown,
             "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],
             "unsupported_candidates": [] if supported else [asdict(c) for c in citations[:3]]}
 
@@ -223,6 +235,10 @@ def answer_text(found: dict) -> str:
     if found["route"]:
         r = found["route"]
         lines.append(f"This looks like an error for {r['skill']} ({r['why']}). Run: `{r['command']}`")
+    if found.get("unknown"):
+        lines.append(f"No indexed source defines {', '.join(f'`{u}`' for u in found['unknown'])}: nothing "
+                     "supports an answer to this question.")
+        return "\n".join(lines)
     if not found["supported"]:
         lines.append("Nothing in the indexed sources supports an answer to this question"
                      + (f" (the best passage holds {found['coverage']:.0%} of its key words)." if found["words"]
