@@ -175,7 +175,8 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     top = max(bm25.values(), default=1.0)
 
     bonus: dict[int, float] = {}
-    for ident, sure in identifiers(question):
+    named = identifiers(question)
+    for ident, sure in named:
         op = ident.startswith("aten::")  # an ATen operator is declared in native_functions.yaml, nowhere else
         for r in db.execute(f"SELECT {_COLUMNS} FROM symbols s JOIN chunks c ON c.id = s.chunk "
                             f"WHERE s.name = ?{where}{NATIVE if op else ''} LIMIT 20",
@@ -221,7 +222,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         c.score = round(scored[i], 3)
         citations.append(c)
     best = coverage(ranked[0]) if ranked else 0.0
-    unknown = [i for i, _ in identifiers(question) if _made_up(db, i)]
+    unknown = [i for i, _ in named if _made_up(db, i)]
     supported = bool(ranked) and not unknown and (bonus.get(ranked[0], 0.0) >= SURE * top or best >= SUPPORT)
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
             "unknown": unknown,
@@ -261,7 +262,6 @@ def snippet_for(citation: dict) -> str | None:
     example = [line.strip()[4:] for line in citation["snippet"].splitlines() if line.strip().startswith(">>> ")]
     if example:
         return "\n".join(example)
-    module, _, name = citation["symbol"].rpartition(".")
     parts = citation["symbol"].split(".")
     return (f"import importlib, inspect\n"
             f"parts = {parts!r}\n"
@@ -280,7 +280,7 @@ def snippet_for(citation: dict) -> str | None:
             f"    except (TypeError, ValueError):\n"
             f"        pass\n"
             f"    print('defined in:', inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1])\n"
-            if module else None)
+            if len(parts) > 1 else None)
 
 
 def run_snippet(code: str, timeout_s: float = 60.0) -> dict:

@@ -15,6 +15,7 @@ entry's func name with its overload (`add.Tensor`), a GB id, a heading.
 from __future__ import annotations
 
 import ast
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -114,14 +115,15 @@ _FUNC = re.compile(r"^(?:[\w:<>,*&\s]+?)\s+[*&]*(?P<name>[A-Za-z_]\w*)\s*\([^;{}
 def header(path: str, source: str) -> list[Chunk]:
     """Declarations at any depth of namespaces but not inside a class body (its members stay in its passage)."""
     lines = source.splitlines()
+    newlines = [m.start() for m in re.finditer("\n", source)]  # a match's line: how many newlines precede it
     out, class_end = [], 0
     spans = []  # (line, name, kind)
     for m in _DECL.finditer(source):
-        spans.append((source.count("\n", 0, m.start()) + 1, m.group("name"), "class"))
+        spans.append((bisect.bisect_left(newlines, m.start()) + 1, m.group("name"), "class"))
     for m in _FUNC.finditer(source):
         name = m.group("name")
         if name not in ("if", "for", "while", "switch", "return", "sizeof", "defined"):
-            spans.append((source.count("\n", 0, m.start()) + 1, name, "function"))
+            spans.append((bisect.bisect_left(newlines, m.start()) + 1, name, "function"))
     spans.sort()
     for start, name, kind in spans:
         if start <= class_end:
@@ -170,10 +172,14 @@ def graph_break_registry(path: str, source: str) -> list[Chunk]:
         registry = json.loads(source)
     except json.JSONDecodeError:
         return []
-    lines = source.splitlines()
+    first_line = {}  # each GB id's line, from one pass over the file
+    for i, text in enumerate(source.splitlines()):
+        m = re.search(r'"(GB\d+)"', text)
+        if m:
+            first_line.setdefault(m.group(1), i + 1)
     out = []
     for gb_id, entries in registry.items():
-        line = next((i + 1 for i, text in enumerate(lines) if f'"{gb_id}"' in text), 1)
+        line = first_line.get(gb_id, 1)
         entry = entries[0] if isinstance(entries, list) and entries else entries
         if not isinstance(entry, dict):
             continue

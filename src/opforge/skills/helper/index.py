@@ -78,13 +78,10 @@ def open_index(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         schema = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         db.execute("SELECT count(*) FROM fts WHERE fts MATCH 'torch'").fetchone()
-    except sqlite3.OperationalError as exc:
-        if "locked" not in str(exc):
-            raise InputError(str(path), f"the helper index is corrupt ({exc}): delete it and run "
-                                        "`opforge helper index` again") from exc
-        raise InputError(str(path), "the helper index is being built by another process: ask again when it "
-                                    "is done") from exc
     except sqlite3.DatabaseError as exc:
+        if "locked" in str(exc):
+            raise InputError(str(path), "the helper index is being built by another process: ask again when it "
+                                        "is done") from exc
         raise InputError(str(path), f"the helper index is corrupt ({exc}): delete it and run "
                                     "`opforge helper index` again") from exc
     if schema is None or schema[0] != str(SCHEMA):
@@ -136,7 +133,8 @@ def build(db: sqlite3.Connection, corpus: str, root: str, files: Iterable[File],
             if known.get(f.path) == digest:
                 continue
             changed += 1
-            _delete(db, corpus, f.path)
+            if f.path in known:  # a changed file's old passages go; a new file has none
+                _delete(db, corpus, f.path)
             _insert(db, corpus, f.path, ch.chunk(f.path, f.data.decode("utf-8", "replace")))
             db.execute("INSERT OR REPLACE INTO files VALUES (?,?,?)", (corpus, f.path, digest))
         gone = set(known) - seen
