@@ -52,17 +52,19 @@ class OpdevProcessGroup(dist.ProcessGroup):
     def getBackendName(self):
         return NAME
 
-    def allreduce(self, tensors, opts):
+    def _in_place(self, collective, tensors, opts):
+        """A collective that writes its result into its own tensors: run on host copies, copied back."""
         host = [t.cpu() for t in tensors]
-        return _Staged(self._host.allreduce(host, opts), _back(zip(tensors, host)))
+        return _Staged(collective(host, opts), _back(zip(tensors, host)))
+
+    def allreduce(self, tensors, opts):
+        return self._in_place(self._host.allreduce, tensors, opts)
 
     def broadcast(self, tensors, opts):
-        host = [t.cpu() for t in tensors]
-        return _Staged(self._host.broadcast(host, opts), _back(zip(tensors, host)))
+        return self._in_place(self._host.broadcast, tensors, opts)
 
     def reduce(self, tensors, opts):
-        host = [t.cpu() for t in tensors]
-        return _Staged(self._host.reduce(host, opts), _back(zip(tensors, host)))
+        return self._in_place(self._host.reduce, tensors, opts)
 
     def allgather(self, output_lists, inputs, opts):
         host_out = [[t.cpu() for t in outs] for outs in output_lists]
