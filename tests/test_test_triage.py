@@ -265,3 +265,12 @@ def test_module_tests_cluster_by_the_aten_operator_a_module_reaches(tmp_path):
                for c in found.values())
     # BatchNorm's train and eval modes are one module: one cluster, both modes' tests in it
     assert len(found["aten::native_batch_norm"]["tests"]) == 4
+
+
+def test_the_collectives_suite_selects_collectives_by_name():
+    suite = Path(__file__).resolve().parents[1] / "src/opforge/skills/test_triage/suites/collectives.py"
+    env = {**os.environ, "OPFORGE_TRIAGE_OPS": "broadcast,all_reduce_max", "OPFORGE_TRIAGE_DTYPES": "float32"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                          str(suite)], env=env, capture_output=True, text=True, cwd=suite.parent).stdout
+    assert sorted(line.rsplit("::", 1)[1] for line in out.splitlines() if "::" in line) == [
+        "test_all_reduce_max_float32", "test_broadcast_float32"]

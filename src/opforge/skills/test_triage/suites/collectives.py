@@ -5,7 +5,8 @@ what the ranks' inputs make on the CPU.
 The group is `init_process_group("cpu:gloo,DEVICE:BACKEND")`, BACKEND being the one the device registered
 (`torch.distributed.Backend.register_backend(..., devices=[DEVICE])`); on the CPU alone it is gloo, which makes
 the CPU twin of each test. The environment configures it as it does the ops suite (OPFORGE_TRIAGE_DEVICE,
-OPFORGE_TRIAGE_IMPORT, OPFORGE_TRIAGE_DTYPES); each rank's process imports the backend itself.
+OPFORGE_TRIAGE_IMPORT, OPFORGE_TRIAGE_DTYPES, and OPFORGE_TRIAGE_OPS naming collectives: all_reduce_max,
+broadcast); each rank's process imports the backend itself.
 """
 import importlib
 import os
@@ -102,11 +103,13 @@ def _barrier(self, dtype):
     dist.barrier()
 
 
+COLLECTIVES = {**{f"all_reduce_{name}": _all_reduce(name) for name in REDUCTIONS},
+               "reduce": _reduce, "broadcast": _broadcast, "all_gather": _all_gather}
+_WANTED = set(filter(None, os.environ.get("OPFORGE_TRIAGE_OPS", "").split(","))) - {"all"}  # none: every one
 for _dtype in DTYPES:
     _dt = str(_dtype).removeprefix("torch.")
-    for _name in REDUCTIONS:
-        setattr(TestCollectives, f"test_all_reduce_{_name}_{_dt}", _test(f"all_reduce_{_name}", _dtype,
-                                                                         _all_reduce(_name)))
-    for _op, _body in (("reduce", _reduce), ("broadcast", _broadcast), ("all_gather", _all_gather)):
-        setattr(TestCollectives, f"test_{_op}_{_dt}", _test(_op, _dtype, _body))
-TestCollectives.test_barrier = _test("barrier", DTYPES[0], _barrier)
+    for _op, _body in COLLECTIVES.items():
+        if not _WANTED or _op in _WANTED:
+            setattr(TestCollectives, f"test_{_op}_{_dt}", _test(_op, _dtype, _body))
+if not _WANTED or "barrier" in _WANTED:
+    TestCollectives.test_barrier = _test("barrier", DTYPES[0], _barrier)
