@@ -61,7 +61,8 @@ def index_command(
                 task = bar.add_task(f"indexing {name}", total=None, file="")
                 built.append(index.build(db, name, root, files(),
                                          progress=lambda f, task=task: bar.update(task, advance=1, file=f[-60:])))
-        db.execute("VACUUM") if any(b.removed for b in built) else None
+        if any(b.removed for b in built):  # give back the space of passages that left with their files
+            db.execute("VACUUM")
         db.close()
     except InputError as exc:
         _fail(exc, as_json)
