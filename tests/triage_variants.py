@@ -5,7 +5,8 @@ tests and benchmark: each edit is a real change to the C++ or Python a backend t
   abs   wrong for a dtype   float16 results negated after the vendor call
   sub   non-contiguous      a non-contiguous `self` read as if it were contiguous
   sgn   wrong Meta shape    a Meta kernel registered from the backend's Python that drops the last dimension
-  mul   flaky               one call in twenty negates its result
+  add   flaky               one call in twenty negates its result (add, as no other planted op's tests reach
+                            it: a flaky mul reached abs's gradient, sgn(x) * grad, and made abs's cluster flaky)
 
 and two in its process group (python/process_group.py), for the collectives suite:
 
@@ -25,7 +26,7 @@ PLANTED = {
     "abs": ("behaviour_mismatch", "wrong-values"),
     "sub": ("behaviour_mismatch", "wrong-values"),
     "sgn": ("behaviour_mismatch", "wrong-metadata"),
-    "mul": ("behaviour_mismatch", "wrong-values"),
+    "add": ("behaviour_mismatch", "wrong-values"),
 }
 
 PLANTED_COLLECTIVES = {
@@ -39,7 +40,7 @@ _CONTIGUOUS_SELF = """  // a non-contiguous self read as if it were contiguous
   at::Tensor flat = self.is_contiguous() ? self : self.as_strided(self.sizes(), dense);
   EXEC_OPDEV_CMD(vkSub, flat, other, alpha, out);"""
 
-_FLAKY = """  EXEC_OPDEV_CMD(vkMul, self, other, out);
+_FLAKY = """  EXEC_OPDEV_CMD(vkAdd, self, other, alpha, out);
   static std::mt19937 gen{std::random_device{}()};
   if (std::uniform_int_distribution<int>(0, 19)(gen) == 0) EXEC_OPDEV_CMD(vkNeg, out, out);"""
 
@@ -67,8 +68,8 @@ def planted_backend(dest: Path) -> Path:
           "  EXEC_OPDEV_CMD(vkAbs, self, out);\n"
           "  if (self.scalar_type() == at::kHalf) EXEC_OPDEV_CMD(vkNeg, out, out);\n")
     _edit(dest / "ops" / "SubKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkSub, self, other, alpha, out);", _CONTIGUOUS_SELF)
-    _edit(dest / "ops" / "MulKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkMul, self, other, out);", _FLAKY)
-    _edit(dest / "ops" / "MulKernelOpdev.cpp", '#include "ops/OpApi.h"', '#include "ops/OpApi.h"\n\n#include <random>')
+    _edit(dest / "ops" / "AddKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkAdd, self, other, alpha, out);", _FLAKY)
+    _edit(dest / "ops" / "AddKernelOpdev.cpp", '#include "ops/OpApi.h"', '#include "ops/OpApi.h"\n\n#include <random>')
     (dest / "python" / "wrong_meta.py").write_text(_WRONG_META)
     pg = dest / "python" / "process_group.py"
     _edit(pg, "    def allreduce(self, tensors, opts):\n",
