@@ -127,6 +127,8 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
            llm_config: Path = typer.Option(None, "--llm-config", help="model endpoint configuration (YAML)"),
            quick: bool = typer.Option(False, "--quick", help="a first run: Level 0 at the p0 shapes scaled down "
                                       "(at most 65,536 elements), CPU timings at one shape and dtype"),
+           lang: str = typer.Option(None, "--lang", help="the reports' language: en | zh (default: OPFORGE_LANG, "
+                                    "else en); the workspace keeps it for resumes"),
            as_json: bool = typer.Option(False, "--json", help="print the final state as JSON")):
     """Build an operator through all seven stages."""
     from opforge.llm.engines import make_engine
@@ -134,7 +136,7 @@ def op_run(request_dir: Path = typer.Argument(..., help="folder with request.yam
 
     try:
         make_engine(engine, llm_config)  # a bad engine or model configuration stops before anything is written
-        ws = create_workspace(request_dir, out, force=force, quick=quick)
+        ws = create_workspace(request_dir, out, force=force, quick=quick, lang=lang)
         state = _run(ws.root, None, as_json, engine=engine, llm_config=llm_config)
     except InputError as exc:
         _fail_input(exc, as_json)

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import yaml
 
+from opforge.i18n import N_, _
 from opforge.verify.cases import level0_bindings
 from opforge.verify.kernel_lint import is_jit, lint_source
 from opforge.workspace import Workspace
@@ -299,11 +300,14 @@ def check_golden_separate(ws, state):
     return f"the golden reaches for the kernel: {'; '.join(hits)}" if hits else None
 
 
+DESIGN_SECTIONS = (N_("Fusion plan"), N_("Tiling and loops"), N_("Memory layout"), N_("Verification matrix"))
+
+
 def check_design(ws, state):
     if not ws.path("DESIGN.md").exists():
         return "DESIGN.md is missing"
     text = ws.path("DESIGN.md").read_text()
-    need = ["## Fusion plan", "## Tiling and loops", "## Memory layout", "## Verification matrix"]
+    need = ["## " + _(section) for section in DESIGN_SECTIONS]  # in the workspace's language
     missing = [s for s in need if s not in text]
     return f"DESIGN.md lacks {', '.join(missing)}" if missing else None
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 from opforge.codegen.trace import trace_request
 from opforge.errors import InputError
+from opforge.i18n import check_language, language, using
 from opforge.llm.engines import make_engine
 from opforge.orchestrator import history
 from opforge.orchestrator.gates import blocking_failures, run_gates
@@ -63,11 +64,13 @@ Progress = Callable[[str, int, str], None]  # (event, stage, text)
 
 
 def create_workspace(request_dir: str | Path, out_dir: str | Path, *, force: bool = False,
-                     quick: bool = False) -> Workspace:
+                     quick: bool = False, lang: str | None = None) -> Workspace:
     """Validate the request (and trace its reference) before anything is written, then create the
     workspace in a temporary folder and rename it into place, so no half-made workspace can exist.
-    An --out that cannot be a folder (a file, an unwritable place) is bad input, found before the trace."""
+    An --out that cannot be a folder (a file, an unwritable place) is bad input, found before the trace.
+    The workspace keeps `lang` (default: OPFORGE_LANG's, else English): its reports are written in it."""
     out = Path(out_dir)
+    lang = check_language(lang) if lang else language()
     check_out_folder(out)
     req = load_request(request_dir)
     trace_request(req)
@@ -85,7 +88,7 @@ def create_workspace(request_dir: str | Path, out_dir: str | Path, *, force: boo
     try:
         copy_request(Path(request_dir), tmp / REQUEST_COPY)
         state = State.new(req.name, str(Path(request_dir).resolve()), options={"deterministic": req.deterministic,
-                                                                       "quick": quick})
+                                                                       "quick": quick, "lang": lang})
         save_state(tmp, state)
         events.log_event(tmp, "created", op=req.name, request=str(request_dir))
         if out.exists():
@@ -159,43 +162,49 @@ def run_stages(ws_dir: str | Path, *, only: int | None = None, progress: Progres
             return state
         req = ws.request()
         events.log_event(root, "run", only=only)
-        while True:
-            stage = only if only is not None else state.next_stage()
-            if stage is None:
-                state.set_terminal("SUCCESS", "all seven stages completed or skipped")
-                save_state(root, state)
-                events.log_event(root, "terminal", status="SUCCESS")
-                break
-            try:
-                state.begin(stage)
-            except BudgetExceeded as exc:
-                state.set_terminal(BLOCKED_BY_STAGE[stage], str(exc))
-                save_state(root, state)
-                events.log_event(root, "terminal", status=state.terminal["status"], reason=str(exc))
-                break
-            save_state(root, state)
-            events.log_event(root, "stage_started", stage=stage, attempt=state.stages[stage].attempts)
-            note("start", stage, STAGES[stage])
-            outcome = _run_one(ws, state, stage, req, eng)
-            if outcome.status == "completed":
-                state.complete(stage, _hashes(ws, outcome.artifacts))
-                snap = history.snapshot(root, stage, outcome.artifacts)
-                events.log_event(root, "stage_completed", stage=stage, reason=outcome.reason, snapshot=snap)
-            elif outcome.status == "skipped":
-                state.skip(stage, outcome.reason)
-                events.log_event(root, "stage_skipped", stage=stage, reason=outcome.reason)
-            else:
-                state.fail(stage, outcome.reason)
-                events.log_event(root, "stage_failed", stage=stage, reason=outcome.reason,
-                                 retryable=outcome.retryable)
-                if not (outcome.retryable and state.budget_left(stage) > 0):
-                    state.set_terminal(BLOCKED_BY_STAGE[stage], outcome.reason)
-                    events.log_event(root, "terminal", status=state.terminal["status"], reason=outcome.reason)
-            save_state(root, state)
-            note(outcome.status, stage, outcome.reason)
-            if state.terminal or only is not None:
-                break
+        with using(state.options.get("lang", "en")):
+            _run_pending(root, ws, state, req, eng, only, note)
     return state
+
+
+def _run_pending(root: Path, ws: Workspace, state: State, req, eng, only: int | None, note: Progress) -> None:
+    """Run stages until the state is terminal (or the one stage asked for is done), saving after each."""
+    while True:
+        stage = only if only is not None else state.next_stage()
+        if stage is None:
+            state.set_terminal("SUCCESS", "all seven stages completed or skipped")
+            save_state(root, state)
+            events.log_event(root, "terminal", status="SUCCESS")
+            break
+        try:
+            state.begin(stage)
+        except BudgetExceeded as exc:
+            state.set_terminal(BLOCKED_BY_STAGE[stage], str(exc))
+            save_state(root, state)
+            events.log_event(root, "terminal", status=state.terminal["status"], reason=str(exc))
+            break
+        save_state(root, state)
+        events.log_event(root, "stage_started", stage=stage, attempt=state.stages[stage].attempts)
+        note("start", stage, STAGES[stage])
+        outcome = _run_one(ws, state, stage, req, eng)
+        if outcome.status == "completed":
+            state.complete(stage, _hashes(ws, outcome.artifacts))
+            snap = history.snapshot(root, stage, outcome.artifacts)
+            events.log_event(root, "stage_completed", stage=stage, reason=outcome.reason, snapshot=snap)
+        elif outcome.status == "skipped":
+            state.skip(stage, outcome.reason)
+            events.log_event(root, "stage_skipped", stage=stage, reason=outcome.reason)
+        else:
+            state.fail(stage, outcome.reason)
+            events.log_event(root, "stage_failed", stage=stage, reason=outcome.reason,
+                             retryable=outcome.retryable)
+            if not (outcome.retryable and state.budget_left(stage) > 0):
+                state.set_terminal(BLOCKED_BY_STAGE[stage], outcome.reason)
+                events.log_event(root, "terminal", status=state.terminal["status"], reason=outcome.reason)
+        save_state(root, state)
+        note(outcome.status, stage, outcome.reason)
+        if state.terminal or only is not None:
+            break
 
 
 def rollback(ws_dir: str | Path, to_stage: int) -> dict:
