@@ -134,3 +134,15 @@ import torch
 def forward(x: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
     return torch.roll(x, 1, -1) * alpha
 """
+
+
+@pytest.fixture(autouse=True)
+def _english_unless_asked(monkeypatch):
+    """Tests compare English text: a user's OPFORGE_LANG does not reach them, and a command run in-process with
+    --lang zh (which chooses the language for the process) does not reach the next test."""
+    from opforge import i18n
+
+    monkeypatch.delenv("OPFORGE_LANG", raising=False)
+    i18n._current = None
+    yield
+    i18n._current = None

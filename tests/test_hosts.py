@@ -372,3 +372,53 @@ def test_trae_has_no_user_level_install(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     res = runner.invoke(app, ["init", "--host", "trae", "--global"])
     assert res.exit_code == 2 and "per project only" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_codearts_gets_its_skills_folder_and_one_rule_file_holding_the_roles(repo, tmp_path, monkeypatch):
+    (repo / "README.md").write_text("# Project\n")
+    before, before_dirs = _tree(repo), _dirs(repo)
+    out = _init("--host", "codearts", str(repo))
+    assert (repo / ".codeartsdoer/skills/op-develop/SKILL.md").is_file() and out["skills"]
+    assert runner.invoke(app, ["skills", "validate", str(repo / ".codeartsdoer/skills")]).exit_code == 0
+    rule = (repo / ".codeartsdoer/rule/opforge.mdc").read_text()
+    assert "opforge:begin codearts" in rule and "## Role: " in rule  # no agent files: the roles live in the rule
+    assert not rule.startswith("---")  # CodeArts documents no rule fields
+    installed = _tree(repo)
+    assert _init("--host", "codearts", str(repo))["changed"] == [] and _tree(repo) == installed
+    assert runner.invoke(app, ["init", "--uninstall", "--host", "codearts", str(repo)]).exit_code == 0
+    assert _tree(repo) == before and _dirs(repo) == before_dirs
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # for the user: skills only, its rules live in its cloud
+    out = _init("--host", "codearts", "--global")
+    assert (tmp_path / ".codeartsdoer/skills/op-develop/SKILL.md").is_file()
+    assert not (tmp_path / ".codeartsdoer/rule").exists()
+
+
+def test_init_lang_zh_installs_the_chinese_skill_texts_where_they_exist(repo):
+    translated = sorted(p.parent.name for p in SKILLS_ROOT.glob("*/SKILL.zh.md"))
+    assert translated, "no skill has a Chinese text"
+    _init("--host", "claude", str(repo), "--lang", "zh")
+    for folder in SKILLS_ROOT.glob("*/SKILL.md"):
+        name = split_front_matter(folder.read_text())[0]["name"]
+        installed = (repo / ".claude/skills" / name / "SKILL.md").read_text()
+        zh = folder.parent / "SKILL.zh.md"
+        assert installed == (zh if zh.exists() else folder).read_text()
+    assert runner.invoke(app, ["skills", "validate", str(repo / ".claude/skills")]).exit_code == 0
+    out = _init("--host", "claude", str(repo))  # back to English: the skills change, nothing else
+    assert {k for k in out["changed"]} == {f".claude/skills/{split_front_matter(p.read_text())[0]['name']}/SKILL.md"
+                                          for p in SKILLS_ROOT.glob("*/SKILL.zh.md")}
+    res = runner.invoke(app, ["init", "--host", "claude", str(repo), "--lang", "fr"])
+    assert res.exit_code == 2 and "--lang: unknown language 'fr'" in res.output
+
+
+def test_every_chinese_skill_text_keeps_its_skills_name_and_is_valid(tmp_path):
+    for zh in SKILLS_ROOT.glob("*/SKILL.zh.md"):
+        meta, body = split_front_matter(zh.read_text())
+        english, _ = split_front_matter((zh.parent / "SKILL.md").read_text())
+        assert meta["name"] == english["name"] and meta["description"] != english["description"], zh
+        assert any("\u4e00" <= ch <= "\u9fff" for ch in body), f"{zh}: no Chinese in its body"
+        copy = tmp_path / meta["name"]
+        copy.mkdir()
+        (copy / "SKILL.md").write_text(zh.read_text())
+        res = runner.invoke(app, ["skills", "validate", str(copy)])
+        assert res.exit_code == 0, res.output

@@ -1,4 +1,6 @@
-"""opforge's own skills, found by globbing the package: every `skills/*/SKILL.md` is one skill."""
+"""opforge's own skills, found by globbing the package: every `skills/*/SKILL.md` is one skill. A skill may also
+hold its text in another language as `SKILL.<lang>.md` (one language per file), installed as its SKILL.md for
+`opforge init --lang <lang>`."""
 
 from __future__ import annotations
 
@@ -16,9 +18,15 @@ def package_skills(root: Path = SKILLS_ROOT) -> tuple[list[SkillReport], list[Sk
     return [r for r in reports if r.ok], [r for r in reports if not r.ok]
 
 
-def skill_files(report: SkillReport) -> dict[str, bytes]:
+def skill_text(folder: Path, lang: str = "en") -> Path:
+    """The skill's SKILL.md in `lang` where it exists, else the English one."""
+    translated = folder / f"SKILL.{lang}.md"
+    return translated if lang != "en" and translated.is_file() else folder / "SKILL.md"
+
+
+def skill_files(report: SkillReport, lang: str = "en") -> dict[str, bytes]:
     """The files a host copy of the skill holds, by path relative to the skill folder."""
-    files = {"SKILL.md": (report.folder / "SKILL.md").read_bytes()}
+    files = {"SKILL.md": skill_text(report.folder, lang).read_bytes()}
     for sub in SUPPORT_DIRS:
         d = report.folder / sub
         if d.is_dir():

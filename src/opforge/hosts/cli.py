@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import set_language
 from opforge.hosts.layouts import HOSTS
 
 skills_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
@@ -30,6 +31,8 @@ def init_cmd(path: Path = typer.Argument(Path("."), help="project folder (ignore
              global_: bool = typer.Option(False, "--global", help="install for the user, under the home folder"),
              uninstall: bool = typer.Option(False, "--uninstall", help="remove what opforge installed"),
              force: bool = typer.Option(False, help="overwrite files opforge did not write"),
+             lang: str = typer.Option(None, "--lang", help="the skills' language where a translation exists: en | zh "
+                                      "(default: OPFORGE_LANG, else en)"),
              as_json: bool = typer.Option(False, "--json")):
     """Install opforge's skills, the four roles, the rules file and hooks into an agent host."""
     from opforge.hosts.install import install
@@ -37,6 +40,7 @@ def init_cmd(path: Path = typer.Argument(Path("."), help="project folder (ignore
 
     base = Path.home() if global_ else path
     try:
+        lang = set_language(lang)
         if host is not None and host not in HOSTS:
             raise InputError("--host", f"unknown host {host!r}; expected one of {', '.join(HOSTS)}")
         if uninstall:
@@ -46,7 +50,7 @@ def init_cmd(path: Path = typer.Argument(Path("."), help="project folder (ignore
         elif host is None:
             raise InputError("--host", f"missing; expected one of {', '.join(HOSTS)}")
         else:
-            results = [install(host, base, global_=global_, force=force)]
+            results = [install(host, base, global_=global_, force=force, lang=lang)]
     except InputError as exc:
         _fail(exc, as_json)
     for r in results:  # diagnostics: on stderr, with --json too

@@ -85,11 +85,11 @@ def check_hook(argv: list[str]) -> dict:
     return {"runs": True, "problem": None}
 
 
-def _planned_files(host: str, lay, skills, hook_argv: list[str]) -> dict[str, bytes]:
+def _planned_files(host: str, lay, skills, hook_argv: list[str], lang: str) -> dict[str, bytes]:
     names = [r.name for r in skills]
     files: dict[str, bytes] = {}
     for r in skills:
-        for rel, data in skill_files(r).items():
+        for rel, data in skill_files(r, lang).items():
             files[f"{lay.skills_dir}/{r.name}/{rel}"] = data
     if lay.agents_dir:
         prefix = "opforge-" if host in ("cursor", "trae") else ""  # a rules folder the user shares with us
@@ -100,7 +100,7 @@ def _planned_files(host: str, lay, skills, hook_argv: list[str]) -> dict[str, by
     return files
 
 
-def install(host: str, base: Path, *, global_: bool = False, force: bool = False) -> dict:
+def install(host: str, base: Path, *, global_: bool = False, force: bool = False, lang: str = "en") -> dict:
     if host not in HOSTS:
         raise InputError("--host", f"unknown host {host!r}; expected one of {', '.join(HOSTS)}")
     base = Path(base)
@@ -113,7 +113,7 @@ def install(host: str, base: Path, *, global_: bool = False, force: bool = False
     mpath = manifest_path(base, host)
     old = _load_manifest(mpath)
     hook_argv = render.hook_argv()
-    planned = _planned_files(host, lay, skills, hook_argv)
+    planned = _planned_files(host, lay, skills, hook_argv, lang)
     for rel, data in planned.items():
         p = base / rel
         if p.is_file() and rel not in old["files"] and p.read_bytes() != data and not force:

@@ -13,13 +13,18 @@ the user, `~/.copilot/skills` and `~/.copilot/agents` (its personal instructions
 (docs.trae.ai, "Rules" and "Skills"): skills in `.trae/skills/<name>/SKILL.md`, rules as Markdown files in
 `.trae/rules/` (front matter `description`, `alwaysApply`; the project's own rules in `project_rules.md`), so the
 roles become rules the agent pulls in by description; Trae keeps both per project only, so it has no `--global`.
+CodeArts, Huawei Cloud's code agent (support.huaweicloud.com, CodeArts Agent user guide "技能" and "规则"): skills in
+`.codeartsdoer/skills/<name>/SKILL.md` (user: `~/.codeartsdoer/skills`), the same SKILL.md format; project rules as
+`.mdc` files in `.codeartsdoer/rule/`. It documents no agent files and no rule fields (whether a rule applies
+always or on `#` is chosen in its settings page), so the roles go into opforge's rule file, which carries no front
+matter; personal rules live in its cloud Rules Center, so `--global` installs skills only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-HOSTS = ("claude", "opencode", "codex", "cursor", "copilot", "trae")
+HOSTS = ("claude", "opencode", "codex", "cursor", "copilot", "trae", "codearts")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ _PROJECT = {
     "copilot": Layout("copilot", ".github/skills", ".github/agents", ".agent.md", ".github/copilot-instructions.md",
                       None, None),
     "trae": Layout("trae", ".trae/skills", ".trae/rules", ".md", ".trae/rules/project_rules.md", None, None),
+    "codearts": Layout("codearts", ".codeartsdoer/skills", None, "", ".codeartsdoer/rule/opforge.mdc", None, None),
 }
 _GLOBAL = {  # relative to the home folder
     "claude": Layout("claude", ".claude/skills", ".claude/agents", ".md", ".claude/CLAUDE.md", "claude-settings",
@@ -52,6 +58,7 @@ _GLOBAL = {  # relative to the home folder
     "codex": Layout("codex", ".agents/skills", None, "", ".codex/AGENTS.md", None, None),
     "cursor": Layout("cursor", ".cursor/skills", None, "", None, None, None),
     "copilot": Layout("copilot", ".copilot/skills", ".copilot/agents", ".agent.md", None, None, None),
+    "codearts": Layout("codearts", ".codeartsdoer/skills", None, "", None, None, None),
 }
 
 

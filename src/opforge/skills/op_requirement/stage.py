@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from opforge.codegen.graph_text import dataflow_ascii, formula_lines, output_traits
 from opforge.codegen.ops import op_name
 from opforge.codegen.trace import example_inputs, symbol_map, trace_request
+from opforge.i18n import _
 from opforge.request import Request
 from opforge.verify.tolerance import parse_dtype, tolerance_for
 from opforge.workspace import StageOutcome, Workspace
@@ -65,12 +66,24 @@ def _leading_line(req: Request, spec: dict) -> str:
     rows = req.inputs[0].shape[0] if req.inputs[0].shape else None
     if spec["leading_dimensions"]:
         names = ", ".join(spec["leading_dimensions"])
-        return (f"- Dimensions that vary: every size above, and {names} may have more leading dimensions than "
-                f"{rows!r} (a (B, S, ...) input for ({rows!r}, ...)): together they are the rows, and the outputs "
-                "with rows have them too. The reference was probed: on inputs stacked to (2, ...) it gives the "
-                "(2·rows, ...) outputs reshaped.")
-    return ("- Dimensions that vary: every size above; the rank is the declared one (the reference, probed with "
-            "leading dimensions stacked, means something else by them, or its first input has no row dimension).")
+        return _("- Dimensions that vary: every size above, and {names} may have more leading dimensions than "
+                 "{rows!r} (a (B, S, ...) input for ({rows!r}, ...)): together they are the rows, and the outputs "
+                 "with rows have them too. The reference was probed: on inputs stacked to (2, ...) it gives the "
+                 "(2·rows, ...) outputs reshaped.").format(names=names, rows=rows)
+    return _("- Dimensions that vary: every size above; the rank is the declared one (the reference, probed with "
+             "leading dimensions stacked, means something else by them, or its first input has no row dimension).")
+
+
+def _names(names: list[str]) -> str:
+    """A list of outputs for a sentence: their names, or "none"."""
+    return ", ".join(names) or _("none")
+
+
+def _like(text) -> str:
+    """A dtype or shape cell: "like x" (spec.json's spelling) in the report's language, anything else as is."""
+    if isinstance(text, str) and text.startswith("like "):
+        return _("like {name}").format(name=text[len("like "):])
+    return text
 
 
 def render_spec(req: Request, spec: dict, traced) -> str:
@@ -78,51 +91,54 @@ def render_spec(req: Request, spec: dict, traced) -> str:
                                               "p0_shapes", "tolerance", "dynamic_axes", "default_params",
                                               "perf_target")}, sort_keys=False).strip()
     ins, outs = traced.input_names, traced.output_names
-    lines = [f"---\n{fm}\n---", f"# {req.name}", "", req.description + ".", "", "## Formula", "",
-             "Read off the traced forward graph (float32 compute; `round_half_even` is `torch.round`):", "",
+    lines = [f"---\n{fm}\n---", f"# {req.name}", "", req.description + ".", "", _("## Formula"), "",
+             _("Read off the traced forward graph (float32 compute; `round_half_even` is `torch.round`):"), "",
              "```", *formula_lines(traced.forward, ins, outs), "```", ""]
     if traced.joint is not None:
         grads = [f"grad_{g}" for g in traced.grad_inputs]
-        lines += ["Backward, from autograd of the reference (the joint graph, forward values recomputed):", "",
+        lines += [_("Backward, from autograd of the reference (the joint graph, forward values recomputed):"), "",
                   "```", *formula_lines(traced.joint, ins + [f"grad_{o}" for o in outs], outs + grads)[-40:],
                   "```", ""]
-    lines += ["## Inputs and outputs", "", "| name | shape | dtype | requires_grad | test range |",
+    lines += [_("## Inputs and outputs"), "", _("| name | shape | dtype | requires_grad | test range |"),
               "|---|---|---|---|---|"]
+    drawn, traced_shape = _("distribution"), _("traced")  # the test range without a declared one; an output's shape
     for s in spec["inputs"]:
-        dt = s["dtype"] if isinstance(s["dtype"], str) else ", ".join(s["dtype"])
+        dt = _like(s["dtype"]) if isinstance(s["dtype"], str) else ", ".join(s["dtype"])
         lines.append(f"| {s['name']} | {tuple(s['shape'])} | {dt} | {s['requires_grad']} | "
-                     f"{s.get('range', 'distribution')} |")
+                     f"{s.get('range', drawn)} |")
     for o in spec["outputs"]:
-        lines.append(f"| → {o['name']} | traced | {o['dtype']} | | |")
+        lines.append(f"| → {o['name']} | {traced_shape} | {_like(o['dtype'])} | | |")
     for g in spec["grad_inputs"]:
-        lines.append(f"| → grad_{g} | like {g} | like {g} | | |")
+        like = _("like {name}").format(name=g)
+        lines.append(f"| → grad_{g} | {like} | {like} | | |")
     lines += ["", output_count_line(spec)]
-    lines += ["", "Attributes: " + (", ".join(f"`{k}={v!r}`" for k, v in spec["default_params"].items()) or
-                                   "none") + f". Run-time kernel arguments: {spec['runtime_params'] or 'none'}.",
-              "", "## Dtypes", "", "| dtype | loaded as | computed in | stored as | atol | rtol |",
+    attrs = ", ".join(f"`{k}={v!r}`" for k, v in spec["default_params"].items()) or _("none")
+    lines += ["", _("Attributes: {attributes}. Run-time kernel arguments: {arguments}.").format(
+                  attributes=attrs, arguments=spec["runtime_params"] or _("none")),
+              "", _("## Dtypes"), "", _("| dtype | loaded as | computed in | stored as | atol | rtol |"),
               "|---|---|---|---|---|---|"]
     for dt, tol in spec["tolerance"].items():
         lines.append(f"| {dt} | {dt} | float32 | {dt} | {tol['atol']:g} | {tol['rtol']:g} |")
-    lines += ["", "## Precision", "",
-              f"- Bit-exact against the golden's float32 path cast to the dtype: "
-              f"{', '.join(spec['exact_outputs']) or 'none'} (only exact operations on their path).",
-              f"- Reductions, compared with float64 truth within tolerance (atol grows with √K for K reduced "
-              f"elements, and admits 4× the reference's own float32 error): "
-              f"{', '.join(spec['reduced_outputs']) or 'none'}.",
-              f"- Everything else, compared with float64 truth within the dtype tolerance above: "
-              f"{', '.join(_other_outputs(spec)) or 'none'}.", "",
+    lines += ["", _("## Precision"), "",
+              _("- Bit-exact against the golden's float32 path cast to the dtype: {outputs} (only exact operations "
+                "on their path).").format(outputs=_names(spec["exact_outputs"])),
+              _("- Reductions, compared with float64 truth within tolerance (atol grows with √K for K reduced "
+                "elements, and admits 4× the reference's own float32 error): {outputs}.").format(
+                  outputs=_names(spec["reduced_outputs"])),
+              _("- Everything else, compared with float64 truth within the dtype tolerance above: {outputs}.").format(
+                  outputs=_names(_other_outputs(spec))), "",
               numerics_vs_eager(req, spec, traced), "",
-              "## Boundary handling", "",
+              _("## Boundary handling"), "",
               *boundary_lines(req, spec, traced), "",
-              "## Dataflow (traced forward graph)", "", "```",
+              _("## Dataflow (traced forward graph)"), "", "```",
               dataflow_ascii(traced.forward, ins, outs, symbol_map(traced.forward, req)), "```",
               ""]
     if traced.joint is not None:
         grads = [f"grad_{g}" for g in traced.grad_inputs]
-        lines += ["## Dataflow (traced joint forward + backward graph)", "", "```",
+        lines += [_("## Dataflow (traced joint forward + backward graph)"), "", "```",
                   dataflow_ascii(traced.joint, ins + [f"grad_{o}" for o in outs], outs + grads,
                                  symbol_map(traced.joint, req)), "```", ""]
-    lines += ["## Typical configurations", "", "| shape binding | elements |", "|---|---|"]
+    lines += [_("## Typical configurations"), "", _("| shape binding | elements |"), "|---|---|"]
     for b in spec["p0_shapes"]:
         numel = 1
         for v in b.values():
@@ -145,10 +161,16 @@ def output_count_line(spec: dict) -> str:
     """How many outputs the op has, counted once each: forward outputs and input gradients."""
     fwd = [o["name"] for o in spec["outputs"]]
     grads = [f"grad_{g}" for g in spec["grad_inputs"]]
-    text = f"{_count(len(fwd) + len(grads), 'output')}: {_count(len(fwd), 'forward output')} ({', '.join(fwd)})"
-    if grads:
-        text += f" and {_count(len(grads), 'gradient')} ({', '.join(grads)})"
-    return text + "."
+    # "one" is spelled out in English: each count picks its own message, so a translation shows the same figures
+    forward = (_("one forward output") if len(fwd) == 1 else _("{n} forward outputs")).format(n=len(fwd))
+    names = ", ".join(fwd)
+    if not grads:
+        if len(fwd) == 1:
+            return _("one output: {forward} ({names}).").format(forward=forward, names=names)
+        return _("{n} outputs: {forward} ({names}).").format(n=len(fwd), forward=forward, names=names)
+    gradients = (_("one gradient") if len(grads) == 1 else _("{n} gradients")).format(n=len(grads))
+    return _("{n} outputs: {forward} ({names}) and {gradients} ({gradient_names}).").format(
+        n=len(fwd) + len(grads), forward=forward, names=names, gradients=gradients, gradient_names=", ".join(grads))
 
 
 def spec_summary(spec: dict) -> str:
@@ -212,22 +234,27 @@ def _floored_scalars(req: Request, traced) -> list[str]:
 def boundary_lines(req: Request, spec: dict, traced) -> list[str]:
     """SPEC's boundary behaviours: the general ones, then only those the traced graphs' ops have."""
     ops = _graph_ops(traced)
-    empty = "- Zero elements: outputs are empty"
-    if "sum" in ops:
-        empty += "; a sum over no elements is 0, its identity"
-    if ops & {"amax", "amin"}:
-        empty += ("; a max or min over no elements is undefined: the reference raises there, and the tests skip "
-                  "such a case")
-    lines = [empty + ".", "- Shapes are run-time arguments: any size, including sizes that are not block multiples.",
+    sums, extrema = "sum" in ops, bool(ops & {"amax", "amin"})
+    if sums and extrema:
+        empty = _("- Zero elements: outputs are empty; a sum over no elements is 0, its identity; a max or min over "
+                  "no elements is undefined: the reference raises there, and the tests skip such a case.")
+    elif sums:
+        empty = _("- Zero elements: outputs are empty; a sum over no elements is 0, its identity.")
+    elif extrema:
+        empty = _("- Zero elements: outputs are empty; a max or min over no elements is undefined: the reference "
+                  "raises there, and the tests skip such a case.")
+    else:
+        empty = _("- Zero elements: outputs are empty.")
+    lines = [empty, _("- Shapes are run-time arguments: any size, including sizes that are not block multiples."),
              _leading_line(req, spec)]
     if ops & set(_CLAMPS):
-        lines.append("- Values beyond a clamp saturate at its bounds, as `torch.clamp`.")
+        lines.append(_("- Values beyond a clamp saturate at its bounds, as `torch.clamp`."))
     if "round" in ops:
-        lines.append("- Exact .5 ties round to even, as `torch.round`.")
-    lines.append("- NaN and ±Inf propagate as they do through the reference, position by position.")
+        lines.append(_("- Exact .5 ties round to even, as `torch.round`."))
+    lines.append(_("- NaN and ±Inf propagate as they do through the reference, position by position."))
     for name in _floored_scalars(req, traced):
-        lines.append(f"- A `{name}` below its floor takes the floor, as the reference does (a per-tensor scalar; "
-                     f"tested with {name} = 1e-6).")
+        lines.append(_("- A `{name}` below its floor takes the floor, as the reference does (a per-tensor scalar; "
+                       "tested with {name} = 1e-6).").format(name=name))
     return lines
 
 
@@ -262,7 +289,7 @@ def _eager_casts(req: Request, traced, dtype: torch.dtype) -> tuple[int, int, in
         return None
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
     returned = {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
-    up = sum(a in _NARROW and b.itemsize > a.itemsize for a, b, _ in log.casts)
+    up = sum(a in _NARROW and b.itemsize > a.itemsize for a, b, _ptr in log.casts)
     down = sum(b in _NARROW and a.itemsize > b.itemsize and ptr not in returned for a, b, ptr in log.casts)
     kept = sum(1 for n in traced.forward.graph.nodes if n.op == "call_function"
                and any(c in str(n.target) for c in _CASTS) and n.kwargs.get("dtype", None) in _NARROW)
@@ -270,42 +297,48 @@ def _eager_casts(req: Request, traced, dtype: torch.dtype) -> tuple[int, int, in
 
 
 def _count(n: int, noun: str) -> str:
+    """English only: spec_summary's outcome line."""
     return f"one {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _be(n: int) -> str:
-    return "is" if n == 1 else "are each"
-
-
 def numerics_vs_eager(req: Request, spec: dict, traced) -> str:
-    """SPEC's paragraph on how the kernel's results stand to eager PyTorch's in the same dtype."""
+    """SPEC's paragraph on how the kernel's results stand to eager PyTorch's in the same dtype. Each sentence is
+    one message and carries the space that follows it; a count of one is spelled out, so it has its own message."""
     low = [d for d in spec["supported_dtypes"] if parse_dtype(d) in _NARROW]
-    head = "**Numerics against eager.** "
-    tail = ("Tolerances hold the kernel to float64, never to eager; PRECISION.md shows per dtype and output the "
-            "kernel's error and eager's own error against float64 side by side, and how many elements differ from "
-            "eager.")
+    head = _("**Numerics against eager.** ")
+    tail = _("Tolerances hold the kernel to float64, never to eager; PRECISION.md shows per dtype and output the "
+             "kernel's error and eager's own error against float64 side by side, and how many elements differ from "
+             "eager.")
     if not low:
-        return (head + "The kernel computes in float32 as eager PyTorch does in float32; results differ from eager's "
-                "only by the order of operations (a few ulps, most in reductions). " + tail)
-    text = (head + "The kernel loads each input in its dtype, computes in float32 and rounds once per output, when "
-            f"it stores it. Eager PyTorch in {' and '.join(low)} rounds each intermediate tensor to the dtype, so "
-            "where it does the kernel's results differ from eager's in many elements, by about one ulp of the dtype "
-            "(more where a result cancels towards zero), while lying closer to float64; where an eager op computes "
-            "in float32 itself and rounds once, the two can agree bit for bit. ")
+        return (head + _("The kernel computes in float32 as eager PyTorch does in float32; results differ from "
+                         "eager's only by the order of operations (a few ulps, most in reductions). ") + tail)
+    dtypes = low[0] if len(low) == 1 else _("{first} and {second}").format(first=low[0], second=low[1])
+    text = head + _("The kernel loads each input in its dtype, computes in float32 and rounds once per output, when "
+                    "it stores it. Eager PyTorch in {dtypes} rounds each intermediate tensor to the dtype, so where it "
+                    "does the kernel's results differ from eager's in many elements, by about one ulp of the dtype "
+                    "(more where a result cancels towards zero), while lying closer to float64; where an eager op "
+                    "computes in float32 itself and rounds once, the two can agree bit for bit. ").format(dtypes=dtypes)
     casts = _eager_casts(req, traced, parse_dtype(low[0]))
     if casts:
         up, down, kept = casts
         if kept:
-            text += (f"The reference's {_count(kept, 'cast')} to a fixed narrow dtype (`.to(torch.bfloat16)` and "
-                     f"the like) {_be(kept)} a rounding step in the kernel too. ")
+            text += (_("The reference's one cast to a fixed narrow dtype (`.to(torch.bfloat16)` and the like) is a "
+                       "rounding step in the kernel too. ") if kept == 1 else
+                     _("The reference's {n} casts to a fixed narrow dtype (`.to(torch.bfloat16)` and the like) are "
+                       "each a rounding step in the kernel too. ").format(n=kept))
         if down > kept:
             # traced in float32, `.to(x.dtype)` is a cast to float32: a no-op that leaves no node to lower
-            text += (f"Its {_count(down - kept, 'cast')} back to the inputs' dtype between steps (`.to(x.dtype)` "
-                     f"and the like) {_be(down - kept)} a no-op in the float32 trace the kernel is built from: "
-                     "eager rounds there, the kernel does not. ")
+            back = down - kept
+            text += (_("Its one cast back to the inputs' dtype between steps (`.to(x.dtype)` and the like) is a no-op "
+                       "in the float32 trace the kernel is built from: eager rounds there, the kernel does not. ")
+                     if back == 1 else
+                     _("Its {n} casts back to the inputs' dtype between steps (`.to(x.dtype)` and the like) are each "
+                       "a no-op in the float32 trace the kernel is built from: eager rounds there, the kernel does "
+                       "not. ").format(n=back))
         if up:
-            text += (f"Its {_count(up, 'upcast')} to float32 (`.float()`) {'matches' if up == 1 else 'match'} what "
-                     "the kernel does throughout. ")
+            text += (_("Its one upcast to float32 (`.float()`) matches what the kernel does throughout. ") if up == 1
+                     else _("Its {n} upcasts to float32 (`.float()`) match what the kernel does throughout. ").format(
+                         n=up))
     return text + tail
 
 
