@@ -404,7 +404,7 @@ def test_init_lang_zh_installs_the_chinese_skill_texts_where_they_exist(repo):
         zh = folder.parent / "SKILL.zh.md"
         assert installed == (zh if zh.exists() else folder).read_text()
     assert runner.invoke(app, ["skills", "validate", str(repo / ".claude/skills")]).exit_code == 0
-    out = _init("--host", "claude", str(repo))  # back to English: the skills change, nothing else
+    out = _init("--host", "claude", str(repo), "--lang", "en")  # back to English: the skills change, nothing else
     assert {k for k in out["changed"]} == {f".claude/skills/{split_front_matter(p.read_text())[0]['name']}/SKILL.md"
                                           for p in SKILLS_ROOT.glob("*/SKILL.zh.md")}
     res = runner.invoke(app, ["init", "--host", "claude", str(repo), "--lang", "fr"])
