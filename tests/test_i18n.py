@@ -77,3 +77,27 @@ def test_the_language_comes_from_the_option_then_the_environment(monkeypatch):
     monkeypatch.setenv("OPFORGE_LANG", "klingon")
     with pytest.raises(InputError, match="OPFORGE_LANG: unknown language"):
         i18n.language()
+
+
+def test_every_translation_call_takes_text_the_extractor_can_see():
+    """`_(f"...")` or `_("a" + b)` has no catalog entry to find, and a `_()` inside an f-string is one token to the
+    extractor (before Python 3.12): either would show English in a Chinese report without any test noticing.
+    (`_(NAME)` is how a constant marked with `N_()` where it is defined is shown.)"""
+    import ast
+
+    problems = []
+    for path in sorted(i18n.PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        inside_fstring = {id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("_", "N_", "ngettext")):
+                continue
+            where = f"{path.relative_to(i18n.PACKAGE)}:{node.lineno}"
+            literal = node.args[:2] if node.func.id == "ngettext" else node.args[:1]
+            if not literal or any(isinstance(a, (ast.JoinedStr, ast.BinOp)) or isinstance(a, ast.Constant)
+                                  and not isinstance(a.value, str) for a in literal):
+                problems.append(f"{where}: {node.func.id}() of an f-string or an expression built at run time")
+            elif id(node) in inside_fstring and isinstance(literal[0], ast.Constant):
+                problems.append(f"{where}: {node.func.id}() inside an f-string, where the extractor cannot see it")
+    assert not problems, "\n".join(problems)
