@@ -12,7 +12,8 @@ _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)
 _INLINE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"\]\([^)]*\)|https?://\S+|\S+/\S+")
-_WORDS = re.compile(r"(?<![\w.])[A-Za-z]{2,}(?:[ ,;:'()\-]+[A-Za-z]{2,}){2,}(?![\w.])")
+# a word ends a sentence before "." but not before ".attr" (torch.compile's "torch" is not a word of prose)
+_WORDS = re.compile(r"(?<![\w.])[A-Za-z]{2,}(?:[ ,;:'()\-]+[A-Za-z]{2,}){2,}(?!\w|\.\w)")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 

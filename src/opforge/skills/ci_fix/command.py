@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import _, set_language
 
 
 def ci_fix_command(
@@ -22,6 +23,8 @@ def ci_fix_command(
     report: Path = typer.Option(None, "--report", help="folder for ci-fix.md and ci-fix.json"),
     commit: bool = typer.Option(False, "--commit", help="commit the fixed files, one commit listing the fixes"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON report on stdout"),
+    lang: str = typer.Option(None, "--lang", help="language of the Markdown report and summary: en or zh "
+                                                  "(default: OPFORGE_LANG, else en); JSON stays English"),
 ):
     """Fix what the linters flag on a change, with whitelisted fixes only, and prove behaviour did not change."""
     from opforge.skills.ci_fix.fix import ci_fix
@@ -29,6 +32,7 @@ def ci_fix_command(
 
     console = Console(stderr=True)
     try:
+        set_language(lang)
         if sys.stderr.isatty() and not as_json:
             with Progress(TextColumn("ci-fix"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                           console=console, transient=True) as bar:
@@ -50,6 +54,6 @@ def ci_fix_command(
     else:
         s = rep["summary"]
         typer.echo(to_markdown(rep) if report is None else
-                   f"{s['fixes']} fix(es) in {s['files_edited']} file(s), {s['residual']} residual; "
-                   f"report in {report}")
+                   _("{fixes} fix(es) in {files} file(s), {residual} residual; report in {folder}").format(
+                       fixes=s["fixes"], files=s["files_edited"], residual=s["residual"], folder=report))
     raise typer.Exit(rep["exit_code"])

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Callable
 
 from opforge.errors import InputError
+from opforge.i18n import N_
 from opforge.skills.ci_fix import gitrepo, proof
 from opforge.skills.ci_fix.edits import Block, Text, apply_blocks, diff_blocks, overlaps, remap_lines, runs
 from opforge.skills.ci_fix.linters import Diagnostic, Linters, Typo
 from opforge.skills.ci_fix.regions import c_regions, doc_regions, kind_at, python_regions, split_lines
+from opforge.skills.ci_fix.texts import Msg
 from opforge.skills.ci_fix.whitelist import Whitelist, load_whitelist
 from opforge.workspace.atomic import write_bytes_atomic
 
@@ -30,15 +32,17 @@ MAX_ROUNDS = 4
 MAX_ITERATIONS = 12
 WORD = r"[\w\-'’]"
 TYPO_WHY = {
-    "string": "inside a string literal, which is behaviour: never edited",
-    "code": "in code (an identifier): renaming changes behaviour",
-    "doctest": "in a doctest example inside a docstring, which runs as code",
-    "unlocated": "codespell's word could not be located on its line",
-    "unparsed": "the file does not parse, so a comment cannot be told from a string",
-    "docstring": "in a docstring, and docstring fixes are off in the whitelist",
-    "comment": "in a comment, and comment fixes are off in the whitelist",
+    "string": N_("inside a string literal, which is behaviour: never edited"),
+    "code": N_("in code (an identifier): renaming changes behaviour"),
+    "doctest": N_("in a doctest example inside a docstring, which runs as code"),
+    "unlocated": N_("codespell's word could not be located on its line"),
+    "unparsed": N_("the file does not parse, so a comment cannot be told from a string"),
+    "docstring": N_("in a docstring, and docstring fixes are off in the whitelist"),
+    "comment": N_("in a comment, and comment fixes are off in the whitelist"),
 }
-FORMAT_REASON = "formatting only: whitespace and layout, proven not to change the {what}"
+TYPO_REASON = {"comment": N_("typo in a comment"), "docstring": N_("typo in a docstring"),
+               "prose": N_("typo in documentation")}
+FORMAT_REASON = N_("formatting only: whitespace and layout, proven not to change the {what}")
 
 
 @dataclass
@@ -151,13 +155,13 @@ def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
             chosen.append((block, [d]))
     if not chosen:
         return False
-    if any(d.code != "I001" for _, dd in chosen for d in dd):
+    if any(d.code != "I001" for _b, dd in chosen for d in dd):
         # sort imports last, once removals are done, so its edit is not undone by a later one
         chosen = [c for c in chosen if any(d.code != "I001" for d in c[1])] or chosen
 
     def prove(group):
         new = apply_blocks(job.text, [b for b, _ in group])
-        ds = [d for _, dd in group for d in dd]
+        ds = [d for _b, dd in group for d in dd]
         removed = {(d.row, d.col - 1) for d in ds if d.code == "F401"}
         return new, proof.prove_python(job.text, new, removed, any(d.code == "I001" for d in ds))
 
@@ -168,10 +172,10 @@ def _ruff_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
         failing = [(g, w) for g, w in alone if w] or [(g, why) for g in chosen]
         for group, reason in failing:
             for d in group[1]:
-                job.excluded[_ruff_key(d, job.text)] = f"reverted: {reason}"
+                job.excluded[_ruff_key(d, job.text)] = Msg(N_("reverted: {why}"), why=reason)
         return True
     job.commit_step("ruff", new, [b for b, _ in chosen],
-                    [[(d.code, wl.ruff_reason(d.code), d.message) for d in dd] for _, dd in chosen])
+                    [[(d.code, wl.ruff_reason(d.code), d.message) for d in dd] for _b, dd in chosen])
     return True
 
 
@@ -214,7 +218,7 @@ def _format_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
         return False
     new = _format_text(job, lint, wl, None if wl.clang_format_sort_includes else False)
     if new is None:
-        job.format_off = "ruff format cannot parse the file"
+        job.format_off = Msg(N_("ruff format cannot parse the file"))
         return False
     if new == job.text:
         return False
@@ -224,18 +228,19 @@ def _format_step(job: Job, lint: Linters, wl: Whitelist) -> bool:
         why = proof.prove_c(job.text, new)
     if why and job.lang == "c":
         # the style also moves tokens (braces, qualifiers...): keep its whitespace-only replacements
-        job.format_off = f"reverted: {why}"
+        job.format_off = Msg(N_("reverted: {why}"), why=why)
         new = _format_text(job, lint, wl, None if wl.clang_format_sort_includes else False, whitespace_only=True)
         if new == job.text or proof.prove_c(job.text, new):
             return False
-        job.format_off = f"only the whitespace-only replacements were kept; the rest reverted: {why}"
+        job.format_off = Msg(N_("only the whitespace-only replacements were kept; the rest reverted: {why}"), why=why)
     elif why:
-        job.format_off = f"reverted: {why}"
+        job.format_off = Msg(N_("reverted: {why}"), why=why)
         return False
     tool = "ruff format" if job.lang == "python" else "clang-format"
-    what = "AST" if job.lang == "python" else "token stream"
+    what = "AST" if job.lang == "python" else Msg(N_("token stream"))
     blocks = diff_blocks(job.text, new)
-    job.commit_step(tool, new, blocks, [[("format", FORMAT_REASON.format(what=what), "reformatted")]] * len(blocks))
+    record = ("format", Msg(FORMAT_REASON, what=what), Msg(N_("reformatted")))
+    job.commit_step(tool, new, blocks, [[record]] * len(blocks))
     return True
 
 
@@ -300,9 +305,9 @@ def _codespell_step(job: Job, typos: list[Typo], wl: Whitelist) -> bool:
     for row, items in sorted(by_row.items()):
         edits = [(t.offset(row, col), t.offset(row, col + len(ty.wrong)), ty.right) for ty, col, _ in items]
         blocks.append(t.block(edits))
-        groups.append([ty for ty, _, _ in items])
-        records.append([(f"typo:{ty.wrong}", f"typo in a {kind}" if kind != "prose" else "typo in documentation",
-                         f"{ty.wrong} ==> {ty.right}") for ty, _, kind in items])
+        groups.append([ty for ty, _col, _kind in items])
+        records.append([(f"typo:{ty.wrong}", Msg(TYPO_REASON[kind]), f"{ty.wrong} ==> {ty.right}")
+                        for ty, _col, kind in items])
 
     def prove(bs, tys):
         new = apply_blocks(job.text, bs)
@@ -319,7 +324,7 @@ def _codespell_step(job: Job, typos: list[Typo], wl: Whitelist) -> bool:
         failing = [(g, w) for g, w in alone if w] or [(g, why) for g in groups]
         for g, reason in failing:
             for ty in g:
-                job.excluded[_typo_key(ty, job.text)] = f"reverted: {reason}"
+                job.excluded[_typo_key(ty, job.text)] = Msg(N_("reverted: {why}"), why=reason)
         return True
     job.commit_step("codespell", new, blocks, records)
     return True
@@ -335,7 +340,7 @@ def _process(jobs: list[Job], lint: Linters, wl: Whitelist, progress=None) -> No
                 progress(job.rel, i, len(jobs))
             try:
                 if job.lang == "python":
-                    for _ in range(MAX_ITERATIONS):
+                    for _i in range(MAX_ITERATIONS):
                         if not _ruff_step(job, lint, wl):
                             break
                 if job.lang in ("python", "c"):
@@ -363,31 +368,32 @@ def _ruff_why(d: Diagnostic, job: Job, wl: Whitelist) -> str:
     if _ruff_key(d, job.text) in job.excluded:
         return job.excluded[_ruff_key(d, job.text)]
     if d.code == "F401" and Path(job.rel).name in wl.reexport_files:
-        return "unused import in a re-exporting module: it may be public API, so it is never removed automatically"
+        return Msg(N_("unused import in a re-exporting module: it may be public API, so it is never removed "
+                      "automatically"))
     if not d.fix:
-        return "ruff offers no automatic fix"
+        return Msg(N_("ruff offers no automatic fix"))
     applicability = d.fix.get("applicability")
     if applicability != "safe":
-        return f"ruff's fix is {applicability}: never applied"
+        return Msg(N_("ruff's fix is {applicability}: never applied"), applicability=applicability)
     if not wl.ruff_reason(d.code):
-        return "the rule is not in the whitelist"
-    return "a whitelisted fix that did not converge"
+        return Msg(N_("the rule is not in the whitelist"))
+    return Msg(N_("a whitelisted fix that did not converge"))
 
 
 def _typo_why(ty: Typo, kind: str, job: Job, wl: Whitelist) -> str:
     if _typo_key(ty, job.text) in job.excluded:
         return job.excluded[_typo_key(ty, job.text)]
     if ty.reason:
-        return f"codespell's dictionary does not fix this one automatically: {ty.reason}"
+        return Msg(N_("codespell's dictionary does not fix this one automatically: {reason}"), reason=ty.reason)
     if not ty.single:
-        return f"several candidates ({ty.right}): a person must choose"
-    return TYPO_WHY.get(kind, "inside code in a documentation file")
+        return Msg(N_("several candidates ({candidates}): a person must choose"), candidates=ty.right)
+    return Msg(TYPO_WHY.get(kind, N_("inside code in a documentation file")))
 
 
 def _residual(job: Job, lint: Linters, wl: Whitelist, typos: list[Typo]) -> list[Residual]:
     if job.failed:
-        return [Residual(job.rel, 1, "ci-fix", "error", "the file could not be processed",
-                         f"left unchanged: {job.failed}")]
+        return [Residual(job.rel, 1, "ci-fix", "error", Msg(N_("the file could not be processed")),
+                         Msg(N_("left unchanged: {error}"), error=job.failed))]
     out: list[Residual] = []
     if job.lang == "python":
         for d in lint.ruff_check(job.rel, job.text):
@@ -397,15 +403,15 @@ def _residual(job: Job, lint: Linters, wl: Whitelist, typos: list[Typo]) -> list
         tool = "ruff format" if job.lang == "python" else "clang-format"
         formatted = _format_text(job, lint, wl, None)
         if formatted is None:
-            out.append(Residual(job.rel, 1, tool, "format", "cannot format",
-                                job.format_off or "ruff format cannot parse the file"))
+            out.append(Residual(job.rel, 1, tool, "format", Msg(N_("cannot format")),
+                                job.format_off or Msg(N_("ruff format cannot parse the file"))))
         elif formatted != job.text:
             first = diff_blocks(job.text, formatted)[0].line
             why = job.format_off
             if not why and job.lang == "c" and not wl.clang_format_sort_includes:
-                why = "#include order: include sorting is not whitelisted (it can change what a file means)"
-            out.append(Residual(job.rel, first, tool, "format", "the file is not formatted",
-                                why or "formatting did not converge"))
+                why = Msg(N_("#include order: include sorting is not whitelisted (it can change what a file means)"))
+            out.append(Residual(job.rel, first, tool, "format", Msg(N_("the file is not formatted")),
+                                why or Msg(N_("formatting did not converge"))))
     for ty, _col, kind in _typo_places(job, typos, job.text, wl):
         if job.in_change(ty.row):
             out.append(Residual(job.rel, ty.row, "codespell", f"typo:{ty.wrong}", f"{ty.wrong} ==> {ty.right}",
@@ -431,7 +437,7 @@ def ci_fix(repo: Path, base: str = "HEAD", changed_lines: bool = False, dry_run:
 
     def log(argv, rc, stdin=None):
         commands.append({"command": shlex.join(str(a) for a in argv), "exit_code": rc,
-                         **({"stdin": f"current text of {stdin}"} if stdin else {})})
+                         **({"stdin": Msg(N_("current text of {file}"), file=stdin)} if stdin else {})})
 
     git = gitrepo.open_repo(Path(repo), log)
     base_sha = gitrepo.fork_point(git, base)
@@ -444,12 +450,12 @@ def ci_fix(repo: Path, base: str = "HEAD", changed_lines: bool = False, dry_run:
             continue
         lang = _lang(ch.path, wl)
         if lang is None:
-            skipped.append({"file": ch.path, "why": "no linter for this kind of file"})
+            skipped.append({"file": ch.path, "why": Msg(N_("no linter for this kind of file"))})
             continue
         try:
             text = (git.repo / ch.path).read_bytes().decode("utf-8")
         except UnicodeDecodeError:
-            skipped.append({"file": ch.path, "why": "not UTF-8 text"})
+            skipped.append({"file": ch.path, "why": Msg(N_("not UTF-8 text"))})
             continue
         jobs.append(Job(ch.path, git.repo / ch.path, lang, text, ch.lines))
     _process(jobs, lint, wl, progress)

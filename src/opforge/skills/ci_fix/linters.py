@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opforge.errors import InputError
+from opforge.i18n import N_
+from opforge.skills.ci_fix.texts import Msg
 
 INSTALL_HINT = "not installed: pip install 'opforge[ci]'"
 
@@ -121,7 +123,8 @@ class Linters:
                     paths[str(p)] = rel
                 argv = [self._bin("codespell"), "--", *paths]
                 proc = subprocess.run(argv, cwd=self.repo, capture_output=True, stdin=subprocess.DEVNULL)
-                self.log(argv, proc.returncode, stdin=f"copies of {len(paths)} file(s) under {tmp}")
+                self.log(argv, proc.returncode, stdin=Msg(N_("copies of {n} file(s) under {folder}"), n=len(paths),
+                                                          folder=tmp))
                 if proc.returncode not in (0, 65):
                     raise InputError("codespell", f"failed: {_first_line(proc.stderr)}")
                 found = parse_codespell(proc.stdout.decode("utf-8", "replace"), paths)

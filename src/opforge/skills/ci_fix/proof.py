@@ -16,7 +16,9 @@ from __future__ import annotations
 import ast
 import difflib
 
+from opforge.i18n import N_
 from opforge.skills.ci_fix.regions import c_tokens, char_col, docstring_nodes, split_lines
+from opforge.skills.ci_fix.texts import Msg
 
 Pos = tuple[int, int]
 DOC_MARK = "\0docstring\0"
@@ -88,8 +90,9 @@ def _first_difference(a: str, b: str) -> str:
     sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag != "equal":
-            return f"{a[max(i1 - 40, 0):i2 + 20]!r} became {b[max(j1 - 40, 0):j2 + 20]!r}"
-    return "no difference"
+            return Msg(N_("{before!r} became {after!r}"), before=a[max(i1 - 40, 0):i2 + 20],
+                       after=b[max(j1 - 40, 0):j2 + 20])
+    return Msg(N_("no difference"))
 
 
 def _explained(before: str, after: str, subs: set[tuple[str, str]]) -> bool:
@@ -117,21 +120,23 @@ def _explained(before: str, after: str, subs: set[tuple[str, str]]) -> bool:
 def prove_python(before: str, after: str, removed: set[Pos] = frozenset(), sort_imports: bool = False,
                  subs: set[tuple[str, str]] = frozenset()) -> str | None:
     try:
-        dump_a, docs_a, _, missing = _canonical(before, set(removed), sort_imports)
+        dump_a, docs_a, _imports, missing = _canonical(before, set(removed), sort_imports)
     except SyntaxError as exc:
-        return f"the file before the edit does not parse with this Python: {exc.msg} (line {exc.lineno})"
+        return Msg(N_("the file before the edit does not parse with this Python: {error} (line {line})"),
+                   error=exc.msg, line=exc.lineno)
     try:
-        dump_b, docs_b, _, _ = _canonical(after, set(), sort_imports)
+        dump_b, docs_b, _imports, _missing = _canonical(after, set(), sort_imports)
     except SyntaxError as exc:
-        return f"the edit breaks the syntax: {exc.msg} (line {exc.lineno})"
+        return Msg(N_("the edit breaks the syntax: {error} (line {line})"), error=exc.msg, line=exc.lineno)
     if missing:
-        return f"an import the step was allowed to remove is not where ruff reported it: {sorted(missing)}"
+        return Msg(N_("an import the step was allowed to remove is not where ruff reported it: {positions}"),
+                   positions=sorted(missing))
     if dump_a != dump_b:
-        return "the AST changed: " + _first_difference(dump_a, dump_b)
+        return Msg(N_("the AST changed: {difference}"), difference=_first_difference(dump_a, dump_b))
     for d_a, d_b in zip(docs_a, docs_b):
         if not _explained(d_a, d_b, set(subs)):
-            return "a docstring changed beyond whitespace and the listed word replacements: " + \
-                   _first_difference(d_a, d_b)
+            return Msg(N_("a docstring changed beyond whitespace and the listed word replacements: {difference}"),
+                       difference=_first_difference(d_a, d_b))
     return None
 
 
@@ -161,13 +166,15 @@ def prove_c(before: str, after: str) -> str | None:
     sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag != "equal":
-            old = " ".join(t for _, t in a[i1:i2]) or "nothing"
-            new = " ".join(t for _, t in b[j1:j2]) or "nothing"
-            return f"the token stream changed: {old!r} became {new!r} (token {i1 + 1})"
-    return "the token stream changed"
+            old = " ".join(t for _k, t in a[i1:i2]) or "nothing"
+            new = " ".join(t for _k, t in b[j1:j2]) or "nothing"
+            return Msg(N_("the token stream changed: {before!r} became {after!r} (token {n})"), before=old, after=new,
+                       n=i1 + 1)
+    return Msg(N_("the token stream changed"))
 
 
 def prove_doc(before: str, after: str, subs: set[tuple[str, str]]) -> str | None:
     if _explained(before, after, set(subs)):
         return None
-    return "the text changed beyond the listed word replacements: " + _first_difference(before, after)
+    return Msg(N_("the text changed beyond the listed word replacements: {difference}"),
+               difference=_first_difference(before, after))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from opforge.i18n import _
+from opforge.skills.ci_fix.texts import shown
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 JSON_NAME = "ci-fix.json"
@@ -16,44 +18,59 @@ def _code(text: str) -> str:
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return str(shown(text)).replace("|", "\\|").replace("\n", " ")
 
 
 def to_markdown(rep: dict) -> str:
     s = rep["summary"]
-    mode = (", changed lines only" if rep["changed_lines_only"] else "") + \
-        (", dry run: nothing written" if rep["dry_run"] else "")
-    out = ["# ci-fix report", "",
-           f"Repository `{rep['repo']}`, change against `{rep['base']}` (fork point `{rep['base_commit'][:12]}`)"
-           f"{mode}.",
-           "", "## Summary", "",
-           f"- files checked: {s['files_checked']}, edited: {s['files_edited']}, skipped: {s['files_skipped']}",
-           f"- fixes applied: {s['fixes']}", f"- residual issues: {s['residual']}",
-           f"- exit code: {rep['exit_code']}"]
+    where = dict(repo=rep["repo"], base=rep["base"], fork=rep["base_commit"][:12])
+    if rep["changed_lines_only"] and rep["dry_run"]:
+        intro = _("Repository `{repo}`, change against `{base}` (fork point `{fork}`), changed lines only, dry run: "
+                  "nothing written.")
+    elif rep["changed_lines_only"]:
+        intro = _("Repository `{repo}`, change against `{base}` (fork point `{fork}`), changed lines only.")
+    elif rep["dry_run"]:
+        intro = _("Repository `{repo}`, change against `{base}` (fork point `{fork}`), dry run: nothing written.")
+    else:
+        intro = _("Repository `{repo}`, change against `{base}` (fork point `{fork}`).")
+    out = ["# " + _("ci-fix report"), "", intro.format(**where),
+           "", "## " + _("Summary"), "",
+           "- " + _("files checked: {checked}, edited: {edited}, skipped: {skipped}").format(
+               checked=s["files_checked"], edited=s["files_edited"], skipped=s["files_skipped"]),
+           "- " + _("fixes applied: {n}").format(n=s["fixes"]),
+           "- " + _("residual issues: {n}").format(n=s["residual"]),
+           "- " + _("exit code: {code}").format(code=rep["exit_code"])]
     if rep.get("commit"):
-        out.append(f"- commit: `{rep['commit']}`")
-    for title, counts in (("fixes by rule", s["fixes_by_rule"]), ("residual by rule", s["residual_by_rule"])):
+        out.append("- " + _("commit: `{sha}`").format(sha=rep["commit"]))
+    for title, counts in ((_("fixes by rule: {counts}"), s["fixes_by_rule"]),
+                          (_("residual by rule: {counts}"), s["residual_by_rule"])):
         if counts:
-            out.append(f"- {title}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    out += ["", "## Residual issues", ""]
+            out.append("- " + title.format(counts=", ".join(f"{k} {v}" for k, v in sorted(counts.items()))))
+    out += ["", "## " + _("Residual issues"), ""]
     if rep["residual"]:
-        out += ["| file | line | tool | rule | message | why it was left |", "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join([_("file"), _("line"), _("tool"), _("rule"), _("message"), _("why it was left")])
+                + " |", "|---|---|---|---|---|---|"]
         out += [f"| {_cell(r['file'])} | {r['line']} | {r['tool']} | {_cell(r['rule'])} | {_cell(r['message'])} | "
                 f"{_cell(r['why'])} |" for r in rep["residual"]]
     else:
-        out.append("None.")
-    out += ["", "## Fixes", ""]
+        out.append(_("None."))
+    out += ["", "## " + _("Fixes"), ""]
     if not rep["fixes"]:
-        out.append("None.")
+        out.append(_("None."))
     for f in rep["fixes"]:
         out += [f"### {f['file']}:{f['line']}-{f['end_line']} · {f['tool']} · {f['rule']}", "",
-                f"{f['message']}. Why it is safe: {f['reason']}. (step {f['step']}, block {f['block']}; lines are "
-                "those of the step's input)", "", "Before:", "", _code(f["before"] or "(nothing)"), "", "After:", "",
-                _code(f["after"] or "(removed)"), ""]
+                _("{message}. Why it is safe: {reason}. (step {step}, block {block}; lines are those of the step's "
+                  "input)").format(message=shown(f["message"]), reason=shown(f["reason"]), step=f["step"],
+                                   block=f["block"]),
+                "", _("Before:"), "", _code(f["before"] or _("(nothing)")), "", _("After:"), "",
+                _code(f["after"] or _("(removed)")), ""]
     if rep["skipped"]:
-        out += ["", "## Files not checked", ""] + [f"- `{k['file']}`: {k['why']}" for k in rep["skipped"]]
-    out += ["", "## Commands run", "", "In the repository root; `stdin` is the file's text at that point.", ""]
-    out += [f"- `{c['command']}` → {c['exit_code']}" + (f" (stdin: {c['stdin']})" if c.get("stdin") else "")
+        out += ["", "## " + _("Files not checked"), ""] + [f"- `{k['file']}`: {shown(k['why'])}"
+                                                           for k in rep["skipped"]]
+    out += ["", "## " + _("Commands run"), "", _("In the repository root; `stdin` is the file's text at that point."),
+            ""]
+    out += [f"- `{c['command']}` → {c['exit_code']}"
+            + (" " + _("(stdin: {stdin})").format(stdin=shown(c["stdin"])) if c.get("stdin") else "")
             for c in rep["commands"]]
     return "\n".join(out) + "\n"
 

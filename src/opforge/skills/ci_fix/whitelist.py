@@ -8,9 +8,22 @@ from pathlib import Path
 import yaml
 
 from opforge.errors import InputError
+from opforge.i18n import N_
+from opforge.skills.ci_fix.texts import Msg
 
 DEFAULT_FILE = Path(__file__).with_name("whitelist.yaml")
 CODESPELL_KEYS = {"comments": bool, "docstrings": bool, "docs": list}
+# The reasons whitelist.yaml gives, so that the report can show them translated; a reason of one's own --config
+# is shown as written.
+DEFAULT_REASONS = (
+    N_("unused import removed; the module never reads the name (the proof allows exactly that import node to go)"),
+    N_("import block sorted and grouped; the proof compares the imports as a set within each contiguous block"),
+    N_("one import per line; the same names are bound"),
+    N_("stray semicolon at the end of a statement removed"),
+    N_("trailing whitespace removed"),
+    N_("newline added at the end of the file"),
+    N_("whitespace removed from a blank line"),
+)
 
 
 @dataclass
@@ -25,7 +38,8 @@ class Whitelist:
     docs: list[str] = field(default_factory=list)
 
     def ruff_reason(self, code: str) -> str | None:
-        return self.ruff_rules.get(code)
+        reason = self.ruff_rules.get(code)
+        return Msg(reason) if reason in DEFAULT_REASONS else reason
 
     def to_dict(self) -> dict:
         return {"ruff_rules": dict(self.ruff_rules), "reexport_files": list(self.reexport_files),

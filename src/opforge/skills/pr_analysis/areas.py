@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from opforge.i18n import N_
+
 NATIVE_FUNCTIONS = "aten/src/ATen/native/native_functions.yaml"
 DERIVATIVES = "tools/autograd/derivatives.yaml"
 
@@ -77,53 +79,53 @@ FALLBACK_AREAS = {"tools", "core"}
 
 # (id, title, globs, what to do). Checked before AREAS; the first match names the point.
 INTEGRATION_POINTS: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("dispatch_keys", "dispatch keys and device types",
+    ("dispatch_keys", N_("dispatch keys and device types"),
      ("c10/core/DispatchKey.*", "c10/core/DispatchKeySet.*", "c10/core/Backend.h", "c10/core/DeviceType.*",
       "c10/core/Device.h", "c10/core/Device.cpp", "aten/src/ATen/core/dispatch/**",
       "aten/src/ATen/core/boxing/**", "torchgen/model.py"),
-     "Check that the backend's dispatch key, device type and backend-component bits still map as before; "
-     "rebuild and rerun its registration tests."),
-    ("privateuse1_hooks", "PrivateUse1 and accelerator hooks",
+     N_("Check that the backend's dispatch key, device type and backend-component bits still map as before; "
+      "rebuild and rerun its registration tests.")),
+    ("privateuse1_hooks", N_("PrivateUse1 and accelerator hooks"),
      ("aten/src/ATen/detail/PrivateUse1HooksInterface.*", "aten/src/ATen/detail/AcceleratorHooksInterface.*",
       "aten/src/ATen/DeviceAccelerator.*", "torch/csrc/DeviceAccelerator.*", "torch/accelerator/**",
       "torch/csrc/utils/device_lazy_init.*"),
-     "Compare the hooks interface with the backend's hooks class: implement new virtual methods, follow "
-     "renamed or removed ones."),
-    ("backend_registration", "backend registration and codegen of backend stubs",
+     N_("Compare the hooks interface with the backend's hooks class: implement new virtual methods, follow "
+      "renamed or removed ones.")),
+    ("backend_registration", N_("backend registration and codegen of backend stubs"),
      ("torch/utils/backend_registration.py", "aten/src/ATen/native/DispatchStub.*", "torchgen/gen_backend_stubs.py",
       "torchgen/dest/register_dispatch_key.py", "torchgen/dest/native_functions.py"),
-     "Re-run the backend's registration (rename_privateuse1_backend, generate_methods_for_privateuse1_backend, "
-     "gen_backend_stubs) and its registration tests."),
-    ("device_guard", "device guards, streams and events",
+     N_("Re-run the backend's registration (rename_privateuse1_backend, generate_methods_for_privateuse1_backend, "
+      "gen_backend_stubs) and its registration tests.")),
+    ("device_guard", N_("device guards, streams and events"),
      ("c10/core/impl/DeviceGuardImplInterface.*", "c10/core/DeviceGuard.h", "c10/core/impl/InlineDeviceGuard.h",
       "c10/core/impl/InlineStreamGuard.h", "c10/core/impl/InlineEvent.h", "c10/core/impl/VirtualGuardImpl.h",
       "c10/core/StreamGuard.h", "c10/core/Stream.*", "c10/core/Event.h"),
-     "Update the backend's DeviceGuardImpl: new pure virtual methods must be implemented, changed signatures "
-     "followed."),
-    ("allocator", "allocators and storage",
+     N_("Update the backend's DeviceGuardImpl: new pure virtual methods must be implemented, changed signatures "
+      "followed.")),
+    ("allocator", N_("allocators and storage"),
      ("c10/core/Allocator.*", "c10/core/CachingDeviceAllocator.*", "c10/core/StorageImpl.*",
       "c10/core/impl/COW*", "aten/src/ATen/EmptyTensor.*"),
-     "Check the backend's allocator and empty/storage paths against the changed interface; run its memory tests."),
-    ("c10d", "c10d process groups and collectives",
+     N_("Check the backend's allocator and empty/storage paths against the changed interface; run its memory tests.")),
+    ("c10d", N_("c10d process groups and collectives"),
      ("torch/csrc/distributed/c10d/ProcessGroup.*", "torch/csrc/distributed/c10d/Backend.*",
       "torch/csrc/distributed/c10d/Work.*", "torch/csrc/distributed/c10d/Types.hpp",
       "torch/csrc/distributed/c10d/Ops.cpp", "torch/distributed/distributed_c10d.py"),
-     "Update the backend's c10d ProcessGroup/Backend subclass (e.g. HCCL) for the changed collective interface."),
-    ("compile_device_interface", "Dynamo and Inductor device interfaces",
+     N_("Update the backend's c10d ProcessGroup/Backend subclass (e.g. HCCL) for the changed collective interface.")),
+    ("compile_device_interface", N_("Dynamo and Inductor device interfaces"),
      ("torch/_dynamo/device_interface.py", "torch/_inductor/codegen/common.py",
       "torch/_inductor/codegen/device_op_overrides.py"),
-     "Follow the changed DeviceInterface / register_backend_for_device / DeviceOpOverrides API in the "
-     "backend's torch.compile integration."),
-    ("autocast", "autocast",
+     N_("Follow the changed DeviceInterface / register_backend_for_device / DeviceOpOverrides API in the "
+      "backend's torch.compile integration.")),
+    ("autocast", N_("autocast"),
      ("aten/src/ATen/autocast_mode.*", "torch/amp/autocast_mode.py"),
-     "Review the backend's autocast op lists and fast dtype against the change."),
-    ("generator", "random generators",
+     N_("Review the backend's autocast op lists and fast dtype against the change.")),
+    ("generator", N_("random generators"),
      ("c10/core/GeneratorImpl.*", "aten/src/ATen/core/Generator.*", "aten/src/ATen/core/GeneratorForPrivateuseone.*",
       "aten/src/ATen/core/PhiloxRNGEngine.h"),
-     "Check the backend's generator class and RNG state handling."),
-    ("device_test_base", "the device-generic test base",
+     N_("Check the backend's generator class and RNG state handling.")),
+    ("device_test_base", N_("the device-generic test base"),
      ("torch/testing/_internal/common_device_type.py",),
-     "Re-run the backend's instantiated device tests: the test base decides which tests run on the device."),
+     N_("Re-run the backend's instantiated device tests: the test base decides which tests run on the device.")),
 ]
 
 # Changed lines that name the PrivateUse1 machinery tie a file to it wherever it lives.

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import _, set_language
 from opforge.workspace.atomic import check_out_file
 
 STYLE = {"High": "bold red", "Medium": "yellow", "Low": "green", "None": "dim"}
@@ -38,26 +39,29 @@ def _print_summary(console: Console, report: dict, written: list[str]) -> None:
     if report["mode"] == "release":
         console.print(f"{escape(report['from']['label'])} -> {escape(report['to']['label'])}")
     t = Table(title="pr-analysis")
-    t.add_column("impact")
-    t.add_column("count", justify="right")
+    t.add_column(_("impact"))
+    t.add_column(_("count"), justify="right")
     for lv, n in s["by_impact"].items():
         t.add_row(f"[{STYLE[lv]}]{lv}[/]", str(n))
     console.print(t)
     if report["mode"] == "window":
-        console.print(f"{s['commits']} commits, {s['rows']} rows in {s['elapsed_s']} s")
+        console.print(_("{commits} commits, {rows} rows in {seconds} s").format(
+            commits=s["commits"], rows=s["rows"], seconds=s["elapsed_s"]))
         for r in [r for r in report["rows"] if r["impact"] == "High"][:10]:
             pr = f"#{r['pr']}" if r["pr"] else r["commits"][0][:10]
             subj = ", ".join(dict.fromkeys(e["subject"] for e in r["evidence"] if e["level"] == "High"))
             console.print(f"[bold red]High[/] {pr} {escape(r['title'][:70])} — {escape(subj)}")
         if "llm_review" in report:
             lr = report["llm_review"]
-            console.print(f"LLM review ({escape(lr['model'])}): {lr['reviewed']} rows, {lr['disagreements']} "
-                          "disagreements (grades unchanged)")
+            console.print(_("LLM review ({model}): {reviewed} rows, {disagreements} disagreements (grades "
+                            "unchanged)").format(model=escape(lr["model"]), reviewed=lr["reviewed"],
+                                                 disagreements=lr["disagreements"]))
     else:
-        console.print(f"{s['added']} added, {s['removed']} removed, {s['renamed']} renamed, {s['changed']} changed; "
-                      f"{s['schema_differs']} schemas differ")
+        console.print(_("{added} added, {removed} removed, {renamed} renamed, {changed} changed; {differ} schemas "
+                        "differ").format(added=s["added"], removed=s["removed"], renamed=s["renamed"],
+                                         changed=s["changed"], differ=s["schema_differs"]))
     for w in written:
-        console.print(f"wrote {w}")
+        console.print(_("wrote {path}").format(path=w))
 
 
 def pr_analysis_command(
@@ -80,6 +84,8 @@ def pr_analysis_command(
                                                 "never changes a grade"),
     llm_model: str = typer.Option("default", "--llm-model", help="the model name the endpoint serves"),
     llm_max: int = typer.Option(50, "--llm-max", min=1, help="review at most this many rows"),
+    lang: str = typer.Option(None, "--lang", help="language of the reports and summary for people: en or zh "
+                                                  "(default: OPFORGE_LANG, else en); JSON stays English"),
 ):
     """Grade upstream PyTorch PRs (or a release's operator changes) for what a backend must adapt to."""
     from opforge.skills.pr_analysis.analyze import analyze_window
@@ -90,6 +96,7 @@ def pr_analysis_command(
     console = Console(stderr=True)  # the progress bar; the summary goes to stdout
     to_stdout = json_out is not None and str(json_out) == "-"
     try:
+        set_language(lang)
         out_p = _out_path("--out", out)
         json_p = _out_path("--json", json_out)
         md_p = _out_path("--md", md_out)

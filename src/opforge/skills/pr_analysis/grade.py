@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opforge.i18n import N_
 from opforge.skills.pr_analysis.areas import (
     DERIVATIVES,
     NATIVE_FUNCTIONS,
@@ -22,14 +23,23 @@ from opforge.skills.pr_analysis.areas import (
 from opforge.skills.pr_analysis.gitlog import BlobReader, Commit, FileChange
 from opforge.skills.pr_analysis.profile import Profile
 from opforge.skills.pr_analysis.schema_diff import COMPOSITE_KEYS, OpChange, diff_derivatives, diff_native
+from opforge.skills.pr_analysis.texts import Joined, Msg
 
 # Changed lines are searched for integration-point names only in code the backend runs: not in prose, CI,
 # tests, or another device's kernels (areas whose own level is None).
 _NO_CONTENT_RULES = {"tests"}
 MAX_EVIDENCE = 8
 _AREA_SUGGESTION = {
-    "Medium": "Device-generic behaviour changed: run the backend's tests for the affected operators.",
-    "Low": "Infrastructure the backend reuses: rebuild and rerun its test suite at the next sync.",
+    "Medium": N_("Device-generic behaviour changed: run the backend's tests for the affected operators."),
+    "Low": N_("Infrastructure the backend reuses: rebuild and rerun its test suite at the next sync."),
+}
+
+# (the point is the file's own, the backend relies on it) -> why
+_POINT_WHY = {
+    (True, True): N_("{point} changed"),
+    (True, False): N_("{point} changed (outside the profile)"),
+    (False, True): N_("{point} named in changed lines"),
+    (False, False): N_("{point} named in changed lines (outside the profile)"),
 }
 
 
@@ -61,7 +71,7 @@ def _ranges(lines: list[int]) -> str:
         else:
             spans.append((n, n))
     text = ", ".join(f"L{a}" if a == b else f"L{a}-{b}" for a, b in spans[:6])
-    return text + (f" (+{len(spans) - 6} more)" if len(spans) > 6 else "")
+    return Msg(N_("{lines} (+{n} more)"), lines=text, n=len(spans) - 6) if len(spans) > 6 else text
 
 
 _COMMENT = ("#", "//", "/*", "* ", "*/")
@@ -73,7 +83,7 @@ def cosmetic(fc: FileChange) -> bool:
         return False
 
     def code(lines: list[tuple[int, str]]) -> list[str]:
-        out = ("".join(t.split()) for _, t in lines)
+        out = ("".join(t.split()) for _n, t in lines)
         return sorted(x for x in out if x and not x.startswith(_COMMENT))
 
     return code(fc.added) == code(fc.removed)
@@ -83,36 +93,42 @@ def grade_op(ch: OpChange, profile: Profile) -> tuple[str, str, str]:
     """(level, why, suggestion) for one overload change."""
     target = ch.old_op if ch.change == "renamed" else ch.op
     mine = profile.implements(target)
-    detail = "; ".join(ch.details)
+    detail = Joined("; ", ch.details)
     if ch.change == "added":
-        fam = " (a new overload of an operator the backend implements)" if profile.has_family(ch.op) else ""
-        return ("Medium", f"new operator overload {ch.op}{fam}",
-                f"Decide whether the backend implements {ch.op}; until then it falls back or decomposes.")
+        why = (Msg(N_("new operator overload {op} (a new overload of an operator the backend implements)"), op=ch.op)
+               if profile.has_family(ch.op) else Msg(N_("new operator overload {op}"), op=ch.op))
+        return ("Medium", why,
+                Msg(N_("Decide whether the backend implements {op}; until then it falls back or decomposes."),
+                    op=ch.op))
     if mine and (ch.change in ("removed", "renamed") or ch.schema_differs):
-        return ("High", f"{target}, implemented by the backend: {detail}",
-                f"Update the backend's registration and kernel of {target} to the new schema ({detail}).")
+        return ("High", Msg(N_("{op}, implemented by the backend: {detail}"), op=target, detail=detail),
+                Msg(N_("Update the backend's registration and kernel of {op} to the new schema ({detail})."),
+                    op=target, detail=detail))
     if ch.change in ("removed", "renamed") or ch.schema_differs:
         # The backend reaches this operator through a composite kernel or the fallback: behaviour it inherits.
         if profile.generic:
-            return ("Medium", f"{target}: {detail}", f"If the backend implements {target}, follow the new schema.")
-        return ("Medium", f"{target} (not implemented by the backend): {detail}",
-                f"No kernel to adapt; check callers of {target} in the backend and its fallback list.")
+            return ("Medium", Msg(N_("{op}: {detail}"), op=target, detail=detail),
+                    Msg(N_("If the backend implements {op}, follow the new schema."), op=target))
+        return ("Medium", Msg(N_("{op} (not implemented by the backend): {detail}"), op=target, detail=detail),
+                Msg(N_("No kernel to adapt; check callers of {op} in the backend and its fallback list."), op=target))
     keys = set(ch.dispatch_keys_changed)
     generic_keys = COMPOSITE_KEYS | {"structured_delegate", profile.dispatch_key, f"Autograd{profile.dispatch_key}"}
     levels = []
     if keys & generic_keys:
         lv = "High" if mine else "Medium"
-        levels.append((lv, f"{ch.op}: {detail}",
-                       f"The device-generic kernel of {ch.op} changed ({', '.join(sorted(keys & generic_keys))}): "
-                       "check whether the backend now needs its own kernel or can drop it."))
+        levels.append((lv, Msg(N_("{op}: {detail}"), op=ch.op, detail=detail),
+                       Msg(N_("The device-generic kernel of {op} changed ({keys}): check whether the backend now "
+                              "needs its own kernel or can drop it."), op=ch.op,
+                           keys=", ".join(sorted(keys & generic_keys)))))
     if "tags_changed" in ch.kinds:
-        levels.append(("Medium", f"{ch.op}: {detail}",
-                       f"Tags of {ch.op} changed: torch.compile and fake-tensor behaviour follow them."))
+        levels.append(("Medium", Msg(N_("{op}: {detail}"), op=ch.op, detail=detail),
+                       Msg(N_("Tags of {op} changed: torch.compile and fake-tensor behaviour follow them."), op=ch.op)))
     if any(k.startswith("field_changed:") for k in ch.kinds):
-        levels.append(("Medium" if mine else "Low", f"{ch.op}: {detail}",
-                       f"Regenerate the backend's bindings for {ch.op}; its codegen metadata changed."))
+        levels.append(("Medium" if mine else "Low", Msg(N_("{op}: {detail}"), op=ch.op, detail=detail),
+                       Msg(N_("Regenerate the backend's bindings for {op}; its codegen metadata changed."), op=ch.op)))
     if not levels:
-        return ("None", f"{ch.op}: {detail} (other devices' kernels only)", "Nothing to adapt.")
+        return ("None", Msg(N_("{op}: {detail} (other devices' kernels only)"), op=ch.op, detail=detail),
+                Msg(N_("Nothing to adapt.")))
     return max(levels, key=lambda t: RANK[t[0]])
 
 
@@ -139,13 +155,15 @@ class CommitGrader:
         for ch in diff_derivatives(self.blobs.read(fc.old_blob), self.blobs.read(fc.new_blob)):
             mine = self.profile.implements(ch.op)
             if mine:
-                level, why = "High", f"derivative of {ch.op}, implemented by the backend: {'; '.join(ch.details)}"
-                sugg = (f"Check the backward of {ch.op} on the device: the formula may call operators the "
-                        "backend lacks, and any backend autograd override must match.")
+                level = "High"
+                why = Msg(N_("derivative of {op}, implemented by the backend: {detail}"), op=ch.op,
+                          detail=Joined("; ", ch.details))
+                sugg = Msg(N_("Check the backward of {op} on the device: the formula may call operators the "
+                              "backend lacks, and any backend autograd override must match."), op=ch.op)
             else:
                 level = "Medium"
-                why = f"derivative of {ch.op}: {'; '.join(ch.details)}"
-                sugg = "Device-generic autograd change: run the backend's gradient tests for it."
+                why = Msg(N_("derivative of {op}: {detail}"), op=ch.op, detail=Joined("; ", ch.details))
+                sugg = Msg(N_("Device-generic autograd change: run the backend's gradient tests for it."))
             ops.append({"op": ch.op, "change": f"derivative {ch.change}", "kinds": ["derivative_changed"],
                         "details": ch.details, "old": None, "new": None, "old_op": None, "line": ch.line,
                         "schema_differs": False, "dispatch_keys_changed": [], "impact": level, "why": why,
@@ -173,9 +191,10 @@ class CommitGrader:
             point = info.point or classify_path(fc.old_path).point
             if cosmetic(fc):
                 if info.level != "None":
-                    what = f"{POINT_TITLES[point]}: " if point else ""
+                    why = (Msg(N_("{point}: comments or formatting only"), point=Msg(POINT_TITLES[point]))
+                           if point else Msg(N_("comments or formatting only")))
                     signals.append(Signal("Low", "area", point or info.areas[0], fc.path, lines,
-                                          f"{what}comments or formatting only", _AREA_SUGGESTION["Low"], first))
+                                          why, Msg(_AREA_SUGGESTION["Low"]), first))
                 continue
             found = {point: (lines[0] if lines else 0, first)} if point else {}
             if info.level != "None" and not set(info.areas) & _NO_CONTENT_RULES:
@@ -183,14 +202,14 @@ class CommitGrader:
                     found.setdefault(pid, hit)
             for pid, (ln, text) in found.items():
                 mine = self.profile.relies_on(pid)
-                where = "changed" if pid == point else "named in changed lines"
                 signals.append(Signal("High" if mine else "Medium", "integration", pid, fc.path,
                                       lines if pid == point else [ln],
-                                      f"{POINT_TITLES[pid]} {where}" + ("" if mine else " (outside the profile)"),
-                                      POINT_SUGGESTIONS[pid], text.strip()[:160]))
+                                      Msg(_POINT_WHY[pid == point, mine], point=Msg(POINT_TITLES[pid])),
+                                      Msg(POINT_SUGGESTIONS[pid]), text.strip()[:160]))
             if not found and info.level != "None":
+                sugg = _AREA_SUGGESTION.get(info.level)
                 signals.append(Signal(info.level, "area", info.areas[0], fc.path, lines,
-                                      f"{info.areas[0]} change", _AREA_SUGGESTION.get(info.level, ""), first))
+                                      Msg(N_("{area} change"), area=info.areas[0]), Msg(sugg) if sugg else "", first))
         impact = max((s.level for s in signals), key=RANK.__getitem__, default="None")
         signals.sort(key=lambda s: -RANK[s.level])
         return {"impact": impact, "areas": areas, "signals": signals, "operators": ops,
@@ -205,5 +224,5 @@ def summarise(signals: list[Signal], impact: str) -> tuple[list[dict], str]:
     for s in signals:
         if s.level == impact and s.suggestion and s.suggestion not in seen:
             seen.append(s.suggestion)
-    suggestion = " ".join(seen[:3]) if impact != "None" else "No adaptation needed."
+    suggestion = Joined(" ", seen[:3]) if impact != "None" else Msg(N_("No adaptation needed."))
     return evidence, suggestion

@@ -18,8 +18,10 @@ from pathlib import Path
 import yaml
 
 from opforge.errors import InputError
+from opforge.i18n import N_
 from opforge.skills.pr_analysis.areas import INTEGRATION_POINTS
 from opforge.skills.pr_analysis.schema_diff import op_base
+from opforge.skills.pr_analysis.texts import Msg
 
 ALL_POINTS = tuple(pid for pid, *_ in INTEGRATION_POINTS)
 # op-plugin's sections, then those of torchgen's gen_backend_stubs yaml (as used by torch_xla and torch_npu).
@@ -62,7 +64,7 @@ class Profile:
 
 
 def generic_profile() -> Profile:
-    return Profile(name="generic PrivateUse1 backend", source="(built in)", generic=True)
+    return Profile(name=Msg(N_("generic PrivateUse1 backend")), source=Msg(N_("(built in)")), generic=True)
 
 
 def _norm(op: str) -> str:
@@ -72,7 +74,7 @@ def _norm(op: str) -> str:
 def _from_dispatcher(spec: str) -> Profile:
     import torch
 
-    key, _, module = spec.partition("@")
+    key, _sep, module = spec.partition("@")
     if module:
         try:
             importlib.import_module(module)

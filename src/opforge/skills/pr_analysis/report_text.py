@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from opforge.i18n import _
 from opforge.skills.pr_analysis.review import note_text
+from opforge.skills.pr_analysis.texts import shown
 from opforge.workspace.atomic import write_text_atomic
 
 
@@ -30,37 +32,45 @@ def to_markdown(report: dict) -> str:
     out: list[str] = []
     if report["mode"] == "window":
         w = report["window"]
-        out += ["# Upstream PR analysis", "",
-                f"Window: {w['range'] or (w['since'] + ' .. ' + (w['until'] or 'HEAD'))} — {w['commits']} commits, "
-                f"{s['rows']} rows. Profile: {p['name']} ({p['operators']} operators)."]
+        window = w["range"] or (w["since"] + " .. " + (w["until"] or "HEAD"))
+        out += ["# " + _("Upstream PR analysis"), "",
+                _("Window: {window} — {commits} commits, {rows} rows. Profile: {profile} ({operators} operators).")
+                .format(window=window, commits=w["commits"], rows=s["rows"], profile=shown(p["name"]),
+                        operators=p["operators"])]
     else:
-        out += ["# Operator changes between releases", "",
-                f"{report['from']['label']} -> {report['to']['label']}: {s['added']} added, {s['removed']} removed, "
-                f"{s['renamed']} renamed, {s['changed']} changed ({s['schema_differs']} with a different schema). "
-                f"Profile: {p['name']} ({p['operators']} operators)."]
-    out += ["", "## Impact", ""] + _table(["impact", "count"], [[k, v] for k, v in s["by_impact"].items()])
+        out += ["# " + _("Operator changes between releases"), "",
+                _("{old} -> {new}: {added} added, {removed} removed, {renamed} renamed, {changed} changed "
+                  "({differ} with a different schema). Profile: {profile} ({operators} operators).")
+                .format(old=report["from"]["label"], new=report["to"]["label"], added=s["added"],
+                        removed=s["removed"], renamed=s["renamed"], changed=s["changed"],
+                        differ=s["schema_differs"], profile=shown(p["name"]), operators=p["operators"])]
+    out += ["", "## " + _("Impact"), ""] + _table([_("impact"), _("count")],
+                                                 [[k, v] for k, v in s["by_impact"].items()])
     if report["mode"] == "window":
-        out += ["", "## Areas", ""] + _table(["area", "rows"], list(s["by_area"].items()))
-        out += ["", "## PRs", ""]
+        out += ["", "## " + _("Areas"), ""] + _table([_("area"), _("rows")], list(s["by_area"].items()))
+        out += ["", "## " + _("PRs"), ""]
         rows = []
         for r in report["rows"]:
             pr = f"[#{r['pr']}]({r['pr_url']})" if r["pr"] else "—"
             if r["kind"] == "revert":
-                pr += " (revert)"
+                pr = _("{pr} (revert)").format(pr=pr)
             elif r["reverted"]:
-                pr += " (reverted)"
-            ev = "<br>".join(f"{e['subject']}: `{e['file']}{':' + e['lines'] if e['lines'] else ''}` {e['why']}"
-                             for e in r["evidence"][:4])
+                pr = _("{pr} (reverted)").format(pr=pr)
+            ev = "<br>".join(f"{e['subject']}: `{e['file']}{':' + shown(e['lines']) if e['lines'] else ''}` "
+                             f"{shown(e['why'])}" for e in r["evidence"][:4])
             rows.append([pr, f"[{r['commits'][0][:10]}]({r['commit_url']})", r["title"], r["author"],
-                         r["date"][:10], r["areas"], r["operator_names"], f"**{r['impact']}**", ev, r["suggestion"]])
+                         r["date"][:10], r["areas"], r["operator_names"], f"**{r['impact']}**", ev,
+                         shown(r["suggestion"])])
             if "llm_review" in report:
                 rows[-1].append(note_text(r))
-        out += _table(["PR", "commit", "title", "author", "date", "areas", "operators", "impact", "evidence",
-                       "suggestion"] + (["LLM note"] if "llm_review" in report else []), rows)
-    out += ["", "## Operators", ""]
-    out += _table(["operator", "change", "details", "implemented", "impact"] + (["PR"] if report["mode"] == "window"
-                                                                               else []),
-                  [[o["op"], o["change"], "; ".join(o["details"]), "yes" if o["implemented"] else "no", o["impact"]]
+        out += _table([_("PR"), _("commit"), _("title"), _("author"), _("date"), _("areas"), _("operators"),
+                       _("impact"), _("evidence"), _("suggestion")]
+                      + ([_("LLM note")] if "llm_review" in report else []), rows)
+    out += ["", "## " + _("Operators"), ""]
+    out += _table([_("operator"), _("change"), _("details"), _("implemented"), _("impact")]
+                  + ([_("PR")] if report["mode"] == "window" else []),
+                  [[o["op"], o["change"], "; ".join(shown(o["details"])), _("yes") if o["implemented"] else _("no"),
+                    o["impact"]]
                    + ([f"#{o['pr']}" if o.get("pr") else o.get("commit", "")[:10]] if report["mode"] == "window"
                       else [])
                    for o in report["operators"]])

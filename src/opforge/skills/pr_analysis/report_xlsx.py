@@ -9,7 +9,9 @@ from openpyxl import Workbook
 from openpyxl.styles import Alignment, Font, PatternFill
 from openpyxl.utils import get_column_letter
 
+from opforge.i18n import N_, _
 from opforge.skills.pr_analysis.review import note_text
+from opforge.skills.pr_analysis.texts import shown
 from opforge.workspace.atomic import write_bytes_atomic
 
 FILL = {"High": PatternFill("solid", fgColor="F8CBAD"), "Medium": PatternFill("solid", fgColor="FFE699"),
@@ -17,6 +19,11 @@ FILL = {"High": PatternFill("solid", fgColor="F8CBAD"), "Medium": PatternFill("s
 BOLD = Font(bold=True)
 LINK = Font(color="0563C1", underline="single")
 WRAP = Alignment(wrap_text=True, vertical="top")
+# Column headers; the hidden URL columns (pr_url, commit_url) are never written, so they keep their keys.
+PR_HEADER = (N_("PR"), "pr_url", N_("Commit"), "commit_url", N_("Title"), N_("Author"), N_("Date"), N_("Areas"),
+             N_("Operators"), N_("Integration points"), N_("Impact"), N_("Evidence"), N_("Suggestion"))
+OPERATOR_HEADER = (N_("Operator"), N_("Change"), N_("Kinds"), N_("Details"), N_("Old schema"), N_("New schema"),
+                   N_("Implemented"), N_("Impact"), N_("PR"), "pr_url", N_("Commit"), "commit_url")
 # Excel refuses cells above 32767 characters.
 MAX_CELL = 32000
 
@@ -61,22 +68,23 @@ def _summary(ws, report: dict) -> None:
     s = report["summary"]
     if report["mode"] == "window":
         w = report["window"]
-        lines += [("Window", w["range"] or f"{w['since']} .. {w['until'] or 'HEAD'}"), ("Repository", w["repo"]),
-                  ("Commits", w["commits"]), ("Rows (PRs and plain commits)", s["rows"]),
-                  ("Newest", w["newest"]), ("Oldest", w["oldest"])]
+        lines += [(_("Window"), w["range"] or f"{w['since']} .. {w['until'] or 'HEAD'}"), (_("Repository"), w["repo"]),
+                  (_("Commits"), w["commits"]), (_("Rows (PRs and plain commits)"), s["rows"]),
+                  (_("Newest"), w["newest"]), (_("Oldest"), w["oldest"])]
     else:
-        lines += [("From", report["from"]["label"]), ("To", report["to"]["label"]),
-                  ("Overloads (from / to)", f"{s['overloads_from']} / {s['overloads_to']}"),
-                  ("Added", s["added"]), ("Removed", s["removed"]), ("Renamed", s["renamed"]),
-                  ("Changed", s["changed"]), ("Schemas that differ", s["schema_differs"])]
+        lines += [(_("From"), report["from"]["label"]), (_("To"), report["to"]["label"]),
+                  (_("Overloads (from / to)"), f"{s['overloads_from']} / {s['overloads_to']}"),
+                  (_("Added"), s["added"]), (_("Removed"), s["removed"]), (_("Renamed"), s["renamed"]),
+                  (_("Changed"), s["changed"]), (_("Schemas that differ"), s["schema_differs"])]
     p = report["profile"]
-    lines += [("Backend profile", f"{p['name']} ({p['source']})"), ("Operators in profile", p["operators"]),
-              ("Integration points", ", ".join(p["integration_points"])), ("", "")]
-    lines += [("Impact", "Count")] + [(k, v) for k, v in s["by_impact"].items()]
+    lines += [(_("Backend profile"), f"{shown(p['name'])} ({shown(p['source'])})"),
+              (_("Operators in profile"), p["operators"]),
+              (_("Integration points"), ", ".join(p["integration_points"])), ("", "")]
+    lines += [(_("Impact"), _("Count"))] + [(k, v) for k, v in s["by_impact"].items()]
     if report["mode"] == "window":
-        lines += [("", ""), ("Area", "PRs")] + list(s["by_area"].items())
+        lines += [("", ""), (_("Area"), _("PRs"))] + list(s["by_area"].items())
     else:
-        lines += [("", ""), ("Kind of change", "Overloads")] + list(s["by_kind"].items())
+        lines += [("", ""), (_("Kind of change"), _("Overloads"))] + list(s["by_kind"].items())
     for r, (k, v) in enumerate(lines, 1):
         ws.cell(row=r, column=1, value=k).font = BOLD
         c = ws.cell(row=r, column=2, value=_cell_text(v))
@@ -85,39 +93,40 @@ def _summary(ws, report: dict) -> None:
 
 
 def _evidence(row: dict) -> str:
-    return "\n".join(f"[{e['level']}] {e['subject']}: {e['file']}{':' + e['lines'] if e['lines'] else ''} — {e['why']}"
-                     for e in row["evidence"])
+    return "\n".join(f"[{e['level']}] {e['subject']}: {e['file']}{':' + shown(e['lines']) if e['lines'] else ''} — "
+                     f"{shown(e['why'])}" for e in row["evidence"])
 
 
 def _pr_label(row: dict) -> str:
     if not row["pr"]:
-        return "(no PR)"
-    return f"#{row['pr']}" + (" (revert)" if row["kind"] == "revert" else " (reverted)" if row["reverted"] else "")
+        return _("(no PR)")
+    pr = f"#{row['pr']}"
+    if row["kind"] == "revert":
+        return _("{pr} (revert)").format(pr=pr)
+    return _("{pr} (reverted)").format(pr=pr) if row["reverted"] else pr
 
 
 def workbook_bytes(report: dict) -> bytes:
     wb = Workbook()
     _summary(wb.active, report)
-    wb.active.title = "Summary"
+    wb.active.title = _("Summary")
     if report["mode"] == "window":
-        ws = wb.create_sheet("PRs")
-        header = ["PR", "pr_url", "Commit", "commit_url", "Title", "Author", "Date", "Areas", "Operators",
-                  "Integration points", "Impact", "Evidence", "Suggestion"]
+        ws = wb.create_sheet(_("PRs"))
+        header = [_(h) for h in PR_HEADER]
         widths = [10, 0, 12, 0, 60, 20, 20, 24, 30, 24, 9, 90, 60]
         rows = [[_pr_label(r),
                  r["pr_url"], r["commits"][0][:10], r["commit_url"], r["title"], r["author"], r["date"][:19],
-                 r["areas"], r["operator_names"], r["points"], r["impact"], _evidence(r), r["suggestion"]]
+                 r["areas"], r["operator_names"], r["points"], r["impact"], _evidence(r), shown(r["suggestion"])]
                 for r in report["rows"]]
         if "llm_review" in report:
-            header, widths = header + ["LLM note"], widths + [60]
+            header, widths = header + [_("LLM note")], widths + [60]
             rows = [row + [note_text(r)] for row, r in zip(rows, report["rows"])]
         _table(ws, header, rows, widths, links={0: 1, 2: 3}, impact_col=10)
-    ws = wb.create_sheet("Operators")
-    header = ["Operator", "Change", "Kinds", "Details", "Old schema", "New schema", "Implemented", "Impact",
-              "PR", "pr_url", "Commit", "commit_url"]
+    ws = wb.create_sheet(_("Operators"))
+    header = [_(h) for h in OPERATOR_HEADER]
     widths = [30, 10, 30, 60, 60, 60, 12, 9, 10, 0, 12, 0]
-    rows = [[o["op"], o["change"], o["kinds"], "; ".join(o["details"]), o.get("old"), o.get("new"),
-             "yes" if o["implemented"] else "no", o["impact"],
+    rows = [[o["op"], o["change"], o["kinds"], "; ".join(shown(o["details"])), o.get("old"), o.get("new"),
+             _("yes") if o["implemented"] else _("no"), o["impact"],
              f"#{o['pr']}" if o.get("pr") else "", o.get("pr_url"), (o.get("commit") or "")[:10], o.get("commit_url")]
             for o in report["operators"]]
     if report["mode"] == "release":

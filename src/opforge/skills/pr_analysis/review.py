@@ -11,6 +11,7 @@ import os
 from typing import Callable
 
 from opforge.errors import InputError
+from opforge.i18n import _
 
 SYSTEM = (
     "You review how an upstream PyTorch change affects an out-of-tree PyTorch backend (a PrivateUse1 device such "
@@ -25,8 +26,8 @@ def note_text(row: dict) -> str:
     rev = row.get("llm")
     if not rev:
         return ""
-    verdict = {True: "agrees", False: "DISAGREES", None: "no verdict"}[rev["agree"]]
-    return f"{verdict}: {rev['note']}"
+    verdict = {True: _("agrees"), False: _("DISAGREES"), None: _("no verdict")}[rev["agree"]]
+    return _("{verdict}: {note}").format(verdict=verdict, note=rev["note"])
 
 
 def _prompt(row: dict) -> str:

@@ -14,6 +14,9 @@ from functools import lru_cache
 import yaml
 from torchgen.model import FunctionSchema
 
+from opforge.i18n import N_
+from opforge.skills.pr_analysis.texts import Msg
+
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Keys whose kernels serve every backend: a change here moves work onto, or off, an out-of-tree backend.
@@ -166,35 +169,41 @@ def classify_schema(old: FunctionSchema, new: FunctionSchema) -> tuple[list[str]
         npos = [a.name for a in new.arguments.flat_all]
         if all(str(oa[g].type) == str(na[c].type) and opos.index(g) == npos.index(c) for g, c in zip(gone, came)):
             for g, c in zip(gone, came):
-                add("argument_renamed", f"argument {g!r} renamed to {c!r}")
+                add("argument_renamed", Msg(N_("argument {old!r} renamed to {new!r}"), old=g, new=c))
             gone, came = [], []
     for n in came:
         a = na[n]
         if a.default is not None:
-            add("argument_added_with_default", f"argument {a.type} {n}={a.default} added")
+            add("argument_added_with_default", Msg(N_("argument {type} {name}={default} added"),
+                                                   type=str(a.type), name=n, default=a.default))
         else:
-            add("argument_added_without_default", f"argument {a.type} {n} added without a default")
+            add("argument_added_without_default", Msg(N_("argument {type} {name} added without a default"),
+                                                      type=str(a.type), name=n))
     for n in gone:
-        add("argument_removed", f"argument {oa[n].type} {n} removed")
+        add("argument_removed", Msg(N_("argument {type} {name} removed"), type=str(oa[n].type), name=n))
     for n in oa:
         if n not in na:
             continue
         a, b = oa[n], na[n]
         if str(a.type) != str(b.type):
-            add("argument_type_changed", f"argument {n!r}: type {a.type} -> {b.type}")
+            add("argument_type_changed", Msg(N_("argument {name!r}: type {old} -> {new}"), name=n,
+                                             old=str(a.type), new=str(b.type)))
         if a.default != b.default:
-            add("argument_default_changed", f"argument {n!r}: default {a.default} -> {b.default}")
+            add("argument_default_changed", Msg(N_("argument {name!r}: default {old} -> {new}"), name=n,
+                                                old=a.default, new=b.default))
         if str(a.annotation) != str(b.annotation):
-            add("alias_annotation_changed", f"argument {n!r}: alias {a.annotation} -> {b.annotation}")
+            add("alias_annotation_changed", Msg(N_("argument {name!r}: alias {old} -> {new}"), name=n,
+                                                old=str(a.annotation), new=str(b.annotation)))
         if (n in okw) != (n in nkw):
-            add("argument_kwarg_only_changed", f"argument {n!r} {'became' if n in nkw else 'is no longer'} "
-                                               "keyword-only")
+            add("argument_kwarg_only_changed",
+                Msg(N_("argument {name!r} became keyword-only") if n in nkw else
+                    N_("argument {name!r} is no longer keyword-only"), name=n))
     common_old = [a.name for a in old.arguments.flat_all if a.name in na]
     common_new = [a.name for a in new.arguments.flat_all if a.name in oa]
     if common_old != common_new:
-        add("argument_reordered", f"arguments reordered: {', '.join(common_new)}")
+        add("argument_reordered", Msg(N_("arguments reordered: {names}"), names=", ".join(common_new)))
     if [str(r) for r in old.returns] != [str(r) for r in new.returns]:
-        add("return_changed", f"returns {_rets(old)} -> {_rets(new)}")
+        add("return_changed", Msg(N_("returns {old} -> {new}"), old=_rets(old), new=_rets(new)))
     if not kinds and str(old) != str(new):
         add("schema_changed", f"{old} -> {new}")
     return kinds, details
@@ -223,12 +232,13 @@ def _compare(key: str, old_e: Entry, new_e: Entry) -> OpChange | None:
         moved = sorted({k for k in od.keys() | nd.keys() if od.get(k) != nd.get(k)})
         ch.dispatch_keys_changed = moved
         ch.kinds.append("dispatch_changed")
-        ch.details.append("dispatch " + ", ".join(
-            f"+{k}" if k not in od else f"-{k}" if k not in nd else f"~{k}" for k in moved))
+        ch.details.append(Msg(N_("dispatch {keys}"), keys=", ".join(
+            f"+{k}" if k not in od else f"-{k}" if k not in nd else f"~{k}" for k in moved)))
     ot, nt = _tags(old_d), _tags(new_d)
     if ot != nt:
         ch.kinds.append("tags_changed")
-        ch.details.append("tags " + ", ".join([f"+{t}" for t in sorted(nt - ot)] + [f"-{t}" for t in sorted(ot - nt)]))
+        ch.details.append(Msg(N_("tags {tags}"), tags=", ".join([f"+{t}" for t in sorted(nt - ot)]
+                                                                + [f"-{t}" for t in sorted(ot - nt)])))
     skip = {"func", "dispatch", "tags", "structured_delegate"}
     for k in sorted((old_d.keys() | new_d.keys()) - skip):
         if old_d.get(k) != new_d.get(k):
@@ -257,13 +267,14 @@ def _pair_renames(removed: list[OpChange], added: list[OpChange]) -> list[OpChan
     used_a: set[int] = set()
     for r in removed:
         rs = sig(r.old)
-        rbase, _, rov = r.op.partition(".")
+        rbase, _sep, rov = r.op.partition(".")
         cands = [i for i, a in enumerate(added) if i not in used_a and rs is not None and sig(a.new) == rs
                  and (a.op.partition(".")[0] == rbase or a.op.partition(".")[2] == rov)]
         if len(cands) == 1:
             a = added[cands[0]]
             used_a.add(cands[0])
-            out.append(OpChange(op=a.op, change="renamed", kinds=["renamed"], details=[f"{r.op} renamed to {a.op}"],
+            out.append(OpChange(op=a.op, change="renamed", kinds=["renamed"],
+                                details=[Msg(N_("{old} renamed to {new}"), old=r.op, new=a.op)],
                                 old=r.old, new=a.new, old_op=r.op, line=a.line, schema_differs=True))
         else:
             out.append(r)
@@ -279,16 +290,17 @@ def diff_native(old_text: str, new_text: str) -> list[OpChange]:
     added: list[OpChange] = []
     for key, e in old.items():
         if key not in new:
-            removed.append(OpChange(op=key, change="removed", kinds=["removed"], details=[f"{key} removed"],
-                                    old=_func(e), line=e.line, schema_differs=True))
+            removed.append(OpChange(op=key, change="removed", kinds=["removed"],
+                                    details=[Msg(N_("{op} removed"), op=key)], old=_func(e), line=e.line,
+                                    schema_differs=True))
         else:
             c = _compare(key, e, new[key])
             if c:
                 changed.append(c)
     for key, e in new.items():
         if key not in old:
-            added.append(OpChange(op=key, change="added", kinds=["added"], details=[f"{key} added"], new=_func(e),
-                                  line=e.line, schema_differs=True))
+            added.append(OpChange(op=key, change="added", kinds=["added"], details=[Msg(N_("{op} added"), op=key)],
+                                  new=_func(e), line=e.line, schema_differs=True))
     return sorted(changed + _pair_renames(removed, added), key=lambda c: (c.op, c.change))
 
 
@@ -307,15 +319,16 @@ def diff_derivatives(old_text: str, new_text: str) -> list[DerivativeChange]:
     for key in sorted(old.keys() | new.keys()):
         o, n = old.get(key), new.get(key)
         if o is None:
-            out.append(DerivativeChange(key, "added", ["derivative formula added"], n.line))
+            out.append(DerivativeChange(key, "added", [Msg(N_("derivative formula added"))], n.line))
         elif n is None:
-            out.append(DerivativeChange(key, "removed", ["derivative formula removed"], o.line))
+            out.append(DerivativeChange(key, "removed", [Msg(N_("derivative formula removed"))], o.line))
         else:
             od, nd = _load(o), _load(n)
             if od == nd:
                 continue
             keys = sorted(k for k in od.keys() | nd.keys() if od.get(k) != nd.get(k))
-            out.append(DerivativeChange(key, "changed", [f"formula for {k!r} changed" for k in keys], n.line))
+            out.append(DerivativeChange(key, "changed", [Msg(N_("formula for {name!r} changed"), name=k)
+                                                        for k in keys], n.line))
     return out
 
 
