@@ -174,3 +174,58 @@ def sync_catalogs(lang: str, parts: list[str] | None = None) -> dict[str, dict[s
         write_bytes_atomic(path, buf.getvalue())
         summary[part] = {"added": added, "dropped": dropped, "untranslated": untranslated}
     return summary
+
+
+# -- text kept in English where it is stored, shown in the reader's language --------------------------------------
+
+class Msg(str):
+    """A sentence a skill stores in its JSON results (English there, for machines and for models to read) and shows
+    in its reports in the chosen language: the English `template.format(**fields)`, remembering the template (marked
+    with `N_()` where it is written) and its fields, which may be Msg themselves."""
+
+    template: str
+    fields: dict
+
+    def __new__(cls, template: str, /, **fields) -> Msg:
+        self = super().__new__(cls, template.format(**fields))
+        self.template, self.fields = template, fields
+        return self
+
+    def __reduce__(self):  # a copy or a pickle (a worker process's result) keeps the template
+        return _message, (self.template, self.fields)
+
+
+class Joined(str):
+    """Sentences or details joined by `sep`, each shown in the chosen language."""
+
+    sep: str
+    parts: tuple
+
+    def __new__(cls, sep: str, parts) -> Joined:
+        parts = tuple(parts)
+        self = super().__new__(cls, sep.join(parts))
+        self.sep, self.parts = sep, parts
+        return self
+
+    def __reduce__(self):
+        return _joined, (self.sep, self.parts)
+
+
+def _message(template: str, fields: dict) -> Msg:
+    return Msg(template, **fields)
+
+
+def _joined(sep: str, parts: tuple) -> Joined:
+    return Joined(sep, parts)
+
+
+def shown(value):
+    """`value` for people, in the current language: a Msg or Joined translated (their fields too), a list item by
+    item, anything else as it is (an error message, a name, a report read back from JSON shows its English)."""
+    if isinstance(value, Msg):
+        return _(value.template).format(**{k: shown(v) for k, v in value.fields.items()})
+    if isinstance(value, Joined):
+        return value.sep.join(str(shown(p)) for p in value.parts)
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    return value

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten
 
+from opforge.i18n import N_, Msg
 from opforge.verify.divergence import Trace, bits_equal, record
 from opforge.verify.tolerance import tolerance_for
 
@@ -92,21 +93,23 @@ def functional(dut: Run, ref: Run, lowp: torch.dtype | None) -> list[dict]:
     """Structure, shape and dtype of every output; one entry per problem (empty when all agree)."""
     probs = []
     if len(dut.outputs) != len(ref.outputs):
-        return [{"what": "structure", "detail": f"{len(dut.outputs)} tensor outputs, the reference returns "
-                                                f"{len(ref.outputs)}"}]
+        return [{"what": "structure", "detail": Msg(N_("{n} tensor outputs, the reference returns {ref}"),
+                                                    n=len(dut.outputs), ref=len(ref.outputs))}]
     for i, (d, r) in enumerate(zip(dut.outputs, ref.outputs)):
         if tuple(d.shape) != tuple(r.shape):
-            probs.append({"what": "shape", "output": i, "detail": f"output {i}: shape {list(d.shape)}, "
-                                                                   f"reference {list(r.shape)}"})
+            probs.append({"what": "shape", "output": i, "detail": Msg(N_("output {i}: shape {shape}, reference {ref}"),
+                                                                       i=i, shape=list(d.shape), ref=list(r.shape))})
         want = expected_dtype(r.dtype, lowp)
         if d.dtype != want:
             probs.append({"what": "dtype", "output": i, "expected": str(want).replace("torch.", ""),
-                          "detail": f"output {i}: dtype {str(d.dtype).replace('torch.', '')}, expected "
-                                    f"{str(want).replace('torch.', '')}"})
+                          "detail": Msg(N_("output {i}: dtype {dtype}, expected {expected}"), i=i,
+                                        dtype=str(d.dtype).replace("torch.", ""),
+                                        expected=str(want).replace("torch.", ""))})
     if len(dut.others) == len(ref.others):
         for k, (a, b) in enumerate(zip(dut.others, ref.others)):
             if type(a) is not type(b) or (not isinstance(a, float) and a != b):
-                probs.append({"what": "value", "detail": f"non-tensor result {k}: {a!r}, reference {b!r}"})
+                probs.append({"what": "value", "detail": Msg(N_("non-tensor result {k}: {value}, reference {ref}"),
+                                                             k=k, value=repr(a), ref=repr(b))})
     return probs
 
 
@@ -194,6 +197,6 @@ def tail_pattern(numel: int, span: list | None, mismatches: int) -> str:
         return ""
     lo, hi = span
     if hi == numel - 1 and lo >= numel // 2 and (hi - lo + 1) <= max(1, numel // 4):
-        return (f"all {mismatches} bad elements lie in the last {numel - lo} of {numel} (flat indices {lo}..{hi}): "
-                "the pattern of a last-block or boundary defect")
+        return Msg(N_("all {n} bad elements lie in the last {last} of {numel} (flat indices {lo}..{hi}): the pattern "
+                      "of a last-block or boundary defect"), n=mismatches, last=numel - lo, numel=numel, lo=lo, hi=hi)
     return ""

@@ -20,11 +20,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import N_, Msg, _, set_language, shown
+from opforge.skills.api_consistency.text import join
 from opforge.workspace import check_out_folder, os_error
 
 progress_console = Console(stderr=True)  # the batch's progress bar
 out_console = Console()  # the verdicts: one line per case, then the process's exit code in words
-VERDICT = {1: "consistent", 2: "framework problem", 3: "operator defect"}
+VERDICT = {1: N_("consistent"), 2: N_("framework problem"), 3: N_("operator defect")}
 
 
 def expand(specs: list[str]) -> list[str]:
@@ -82,21 +84,22 @@ def run_batch(specs: list[str], target: str, out: Path, *, fn: str | None = None
         except InputError as exc:
             errors.append(str(exc))
             rows.append({"case": spec, "target": target, "exit": None, "rule": "", "check": "input",
-                         "conclusion": f"bad input: {exc}"})
+                         "conclusion": Msg(N_("bad input: {error}"), error=str(exc))})
         except Exception as exc:  # one case's failure must not cost the batch the others
             if len(specs) == 1:
                 raise
             rows.append({"case": spec, "target": target, "exit": None, "rule": "", "check": "error",
-                         "conclusion": f"opforge failed on this case: {type(exc).__name__}: {exc}"})
+                         "conclusion": Msg(N_("opforge failed on this case: {error}"),
+                                           error=f"{type(exc).__name__}: {exc}")})
     write_summary(out, rows)
     return rows, errors
 
 
-def _verdict(row: dict) -> str:
-    """A case's triage class in words."""
+def _verdict(row: dict) -> Msg:
+    """A case's triage class in words (English as a `str`, the reader's language with `shown()`)."""
     if row["exit"] in VERDICT:
-        return VERDICT[row["exit"]]
-    return "bad input" if row.get("check") == "input" else "not diagnosed (opforge failed)"
+        return Msg(VERDICT[row["exit"]])
+    return Msg(N_("bad input")) if row.get("check") == "input" else Msg(N_("not diagnosed (opforge failed)"))
 
 
 def _fail(where: str, what: str, as_json: bool) -> None:
@@ -113,10 +116,13 @@ def api_consistency(
     seed: int = typer.Option(0, help="seed for the input builder and every run"),
     runs: int = typer.Option(3, min=2, help="runs compared bit for bit for determinism"),
     as_json: bool = typer.Option(False, "--json", help="print the summary rows as JSON"),
+    lang: str = typer.Option(None, "--lang", help="language of analysis.md, repro.md and the printed verdicts: en "
+                                                  "or zh (default: OPFORGE_LANG, else en); JSON stays English"),
 ):
     """Compare an API or program on a device under test against the CPU; triage each case into one of three
     classes: consistent, framework problem, operator defect. Exit 0 all consistent, 1 a finding, 2 bad input."""
     try:
+        set_language(lang)
         specs = expand(cases)
         if len(specs) == 1 or as_json or not sys.stderr.isatty():
             rows, errors = run_batch(specs, target, out, fn=fn, seed=seed, runs=runs)
@@ -136,25 +142,35 @@ def api_consistency(
     except InputError as exc:
         _fail(exc.where, exc.what, as_json)
     if len(specs) == 1 and errors:
-        where, _, what = errors[0].partition(": ")
+        where, _sep, what = errors[0].partition(": ")
         _fail(where, what, as_json)
     code = 2 if errors else 1 if any(r["exit"] != 1 for r in rows) else 0
     tally = Counter(_verdict(r) for r in rows)
-    why = f"{len(rows)} case(s): " + ", ".join(f"{n} {v}" for v, n in tally.items())
+    why = Msg(N_("{n} case(s): {tally}"), n=len(rows),
+              tally=join([Msg(N_("{n} {verdict}"), n=n, verdict=v) for v, n in tally.items()]))
     if as_json:
         for r in rows:
-            r["verdict"] = _verdict(r)
-        typer.echo(json.dumps({"out": str(out), "exit_code": code, "verdict": why, "cases": rows, "errors": errors},
+            r["verdict"] = str(_verdict(r))
+        typer.echo(json.dumps({"out": str(out), "exit_code": code, "verdict": str(why), "cases": rows,
+                               "errors": errors},
                               indent=2, default=str))
     else:
         for r in rows:
             colour = {1: "green", 2: "yellow", 3: "red"}.get(r["exit"], "red")
-            op = f" — {r['operator']} at {r['call site']}" if r.get("operator") else ""
-            cls = f" (class {r['exit']})" if r["exit"] in VERDICT else ""
-            line = escape(f"{r['case']} on {r['target']}: {r['conclusion']}{op}")
-            out_console.print(f"[{colour}]{_verdict(r)}{cls}[/] {line}", highlight=False, soft_wrap=True)
-        out_console.print(escape(f"summary: {out / 'summary.xlsx'}"), highlight=False, soft_wrap=True)
-        out_console.print(f"exit {code}: {why}", highlight=False, soft_wrap=True)
+            verdict = (_("{verdict} (class {n})").format(verdict=shown(_verdict(r)), n=r["exit"])
+                       if r["exit"] in VERDICT else shown(_verdict(r)))
+            if r.get("operator"):
+                line = _("{case} on {target}: {conclusion} — {operator} at {site}").format(
+                    case=r["case"], target=r["target"], conclusion=shown(r["conclusion"]), operator=r["operator"],
+                    site=r["call site"])
+            else:
+                line = _("{case} on {target}: {conclusion}").format(case=r["case"], target=r["target"],
+                                                                    conclusion=shown(r["conclusion"]))
+            out_console.print(f"[{colour}]{escape(verdict)}[/] {escape(line)}", highlight=False, soft_wrap=True)
+        out_console.print(escape(_("summary: {path}").format(path=out / "summary.xlsx")), highlight=False,
+                          soft_wrap=True)
+        out_console.print(escape(_("exit {code}: {why}").format(code=code, why=shown(why))), highlight=False,
+                          soft_wrap=True)
     for e in errors:
         typer.echo(f"error: {e}", err=True)
     raise typer.Exit(code)

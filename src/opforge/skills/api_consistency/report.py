@@ -10,14 +10,21 @@ from string import Template
 
 import torch
 
+from opforge.i18n import N_, Msg, _, shown
+from opforge.skills.api_consistency.text import join
 from opforge.skills.api_consistency.triage import RULES, Diagnosis
 from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 REPRO_TEMPLATE = Path(__file__).with_name("repro.py.tmpl")
 # A case's triage class: "class N", never "exit N", which is the process's exit code (0, 1, 2) alone.
-CLASS_TITLES = {1: "class 1: consistent or an expected difference",
-                2: "class 2: framework or adaptation problem",
-                3: "class 3: operator defect (numerical or determinism)"}
+CLASS_TITLES = {1: N_("class 1: consistent or an expected difference"),
+                2: N_("class 2: framework or adaptation problem"),
+                3: N_("class 3: operator defect (numerical or determinism)")}
+# The rows of analysis.md's table of checks, by the key result.json gives the check.
+CHECK_ROWS = {"functional": N_("| functional | {result} | {detail} |"),
+              "precision": N_("| precision | {result} | {detail} |"),
+              "determinism": N_("| determinism | {result} | {detail} |"),
+              "memory": N_("| memory | {result} | {detail} |")}
 # The rows' keys, in the order of the workbook's columns; `exit` (the class, as result.json names it) is headed
 # "class" there.
 SUMMARY_COLUMNS = ["case", "target", "exit", "rule", "check", "operator", "call site", "conclusion",
@@ -31,63 +38,89 @@ def _site(op: dict | None) -> str:
     return f"{Path(s['file']).name}:{s['line']} ({s['function']})" if s else ""
 
 
+def _check_row(name: str, passed: bool, detail: str) -> str:
+    return _(CHECK_ROWS[name]).format(result=_("pass") if passed else _("FAIL"), detail=detail)
+
+
 def analysis_md(dg: Diagnosis) -> str:
     d = dg.to_dict()
-    lines = [f"# api-consistency: {dg.case} on {dg.target}", "",
-             f"**{CLASS_TITLES[dg.exit]}** — rule {dg.rule}", "", f"Conclusion: {dg.conclusion}.", ""]
+    lines = [_("# api-consistency: {case} on {target}").format(case=dg.case, target=dg.target), "",
+             _("**{title}** — rule {rule}").format(title=_(CLASS_TITLES[dg.exit]), rule=dg.rule), "",
+             _("Conclusion: {conclusion}.").format(conclusion=shown(dg.conclusion)), ""]
     if dg.operator:
         op = dg.operator
-        lines += ["## Localised operator", "", f"- operator: `{op['name']}` ({op['kind']})",
-                  f"- why: {op['reason']}"]
+        lines += [_("## Localised operator"), "", _("- operator: `{name}` ({kind})").format(name=op["name"],
+                                                                                             kind=op["kind"]),
+                  _("- why: {reason}").format(reason=shown(op["reason"]))]
         if op.get("site"):
             s = op["site"]
-            lines.append(f"- call site: `{s['file']}:{s['line']}` in `{s['function']}`: `{s['code']}`")
+            lines.append(_("- call site: `{file}:{line}` in `{function}`: `{code}`").format(**s))
         for s in op.get("stack", [])[1:]:
-            lines.append(f"  - called from `{s['file']}:{s['line']}` in `{s['function']}`: `{s['code']}`")
+            lines.append(_("  - called from `{file}:{line}` in `{function}`: `{code}`").format(**s))
         lines.append("")
     if dg.evidence:
-        lines += ["## Evidence", ""] + [f"- {e}" for e in dg.evidence] + [""]
-    lines += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
+        lines += [_("## Evidence"), ""] + ["- " + shown(e) for e in dg.evidence] + [""]
+    lines += [_("## Checks"), "", _("| check | result | detail |"), "|---|---|---|"]
     c = dg.checks
     f = c.get("functional", {})
-    detail = "; ".join(p["detail"] for p in f.get("problems", [])) or f.get("error", "") or "all match"
-    lines.append(f"| functional | {'pass' if f.get('passed') else 'FAIL'} | {detail} |")
+    detail = shown(join([p["detail"] for p in f.get("problems", [])], "; ")) or f.get("error", "") or _("all match")
+    lines.append(_check_row("functional", f.get("passed"), detail))
     if "precision" in c:
         p = c["precision"]
-        det = "; ".join(f"out {o['output']}: max abs {o['max_abs']:.3g}, max rel {o['max_rel']:.3g}, "
-                        f"{o['mismatches']} beyond tolerance, {o['new_nonfinite']} new inf/NaN" for o in p["outputs"])
-        lines.append(f"| precision | {'pass' if p['passed'] else 'FAIL'} | {det} |")
+        det = shown(join([Msg(N_("out {output}: max abs {max_abs:.3g}, max rel {max_rel:.3g}, {mismatches} beyond "
+                              "tolerance, {new_nonfinite} new inf/NaN"), output=o["output"], max_abs=o["max_abs"],
+                           max_rel=o["max_rel"], mismatches=o["mismatches"], new_nonfinite=o["new_nonfinite"])
+                       for o in p["outputs"]], "; "))
+        lines.append(_check_row("precision", p["passed"], det))
     if "determinism" in c:
         x = c["determinism"]
-        lines.append(f"| determinism | {'pass' if x['passed'] else 'FAIL'} | {x['runs']} runs compared bit for bit"
-                     + ("" if x.get("reference_repeatable", True) else "; the CPU reference varies too") + " |")
+        det = (_("{runs} runs compared bit for bit") if x.get("reference_repeatable", True) else
+               _("{runs} runs compared bit for bit; the CPU reference varies too")).format(runs=x["runs"])
+        lines.append(_check_row("determinism", x["passed"], det))
     if "memory" in c:
         m = c["memory"]
-        lines.append(f"| memory | {'pass' if m.get('passed', True) else 'FAIL'} | target peak "
-                     f"{m.get('target_peak_bytes')} B, reference {m.get('reference_peak_bytes')} B, "
-                     f"expected at most {2 * m.get('expected_peak_bytes', 0)} B + 16 MiB |")
-    lines += ["", "## Rules (first that fires decides)", "", "| rule | class | fired | rule |", "|---|---|---|---|"]
+        det = _("target peak {target} B, reference {reference} B, expected at most {expected} B + 16 MiB").format(
+            target=m.get("target_peak_bytes"), reference=m.get("reference_peak_bytes"),
+            expected=2 * m.get("expected_peak_bytes", 0))
+        lines.append(_check_row("memory", m.get("passed", True), det))
+    lines += ["", _("## Rules (first that fires decides)"), "", _("| rule | class | fired | rule |"),
+              "|---|---|---|---|"]
     for r in d["rules"]:
-        lines.append(f"| {r['id']} | {r['exit']} | {'**yes**' if r['fired'] else ''} | {r['text']} |")
+        lines.append("| {id} | {exit} | {fired} | {text} |".format(
+            id=r["id"], exit=r["exit"], fired=_("**yes**") if r["fired"] else "", text=_(r["text"])))
     if dg.traceback:
-        lines += ["", "## Traceback on the target", "", "```", dg.traceback.rstrip(), "```"]
+        lines += ["", _("## Traceback on the target"), "", "```", dg.traceback.rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
 def repro_md(dg: Diagnosis, has_culprit: bool) -> str:
-    lines = [f"# Reproduction: {dg.case} on {dg.target}", "", "## Timeline", "",
-             "| step | what | seconds | result |", "|---|---|---|---|"]
+    lines = [_("# Reproduction: {case} on {target}").format(case=dg.case, target=dg.target), "", _("## Timeline"), "",
+             _("| step | what | seconds | result |"), "|---|---|---|---|"]
     for t in dg.timeline:
-        lines.append(f"| {t['step']} | {t['what']} | {t['seconds']} | {t['result']} |")
-    lines += ["", "## Rerun", "", "```bash", "python repro.py   # exit 1 when the finding reproduces", "```", "",
-              "`repro.py` needs only torch and the files beside it (`case_source.py`"
-              + (", the custom implementation" if dg.target.startswith("custom:") else "") + "). It builds the "
-              f"inputs with seed {dg.seed}, runs the float64 reference and the target, compares them, repeats the "
-              "target to test determinism"]
-    if has_culprit:
-        lines[-1] += f", then runs the localised operator `{dg.operator['name']}` alone on the inputs it " \
-                     "received (saved in `culprit.pt`) against float64"
-    lines[-1] += "."
+        lines.append("| {step} | {what} | {seconds} | {result} |".format(step=t["step"], what=shown(t["what"]),
+                                                                          seconds=t["seconds"],
+                                                                          result=shown(t["result"])))
+    custom = dg.target.startswith("custom:")
+    if has_culprit and custom:
+        how = _("`repro.py` needs only torch and the files beside it (`case_source.py`, the custom implementation). "
+                "It builds the inputs with seed {seed}, runs the float64 reference and the target, compares them, "
+                "repeats the target to test determinism, then runs the localised operator `{operator}` alone on the "
+                "inputs it received (saved in `culprit.pt`) against float64.")
+    elif has_culprit:
+        how = _("`repro.py` needs only torch and the files beside it (`case_source.py`). It builds the inputs with "
+                "seed {seed}, runs the float64 reference and the target, compares them, repeats the target to test "
+                "determinism, then runs the localised operator `{operator}` alone on the inputs it received (saved "
+                "in `culprit.pt`) against float64.")
+    elif custom:
+        how = _("`repro.py` needs only torch and the files beside it (`case_source.py`, the custom implementation). "
+                "It builds the inputs with seed {seed}, runs the float64 reference and the target, compares them, "
+                "repeats the target to test determinism.")
+    else:
+        how = _("`repro.py` needs only torch and the files beside it (`case_source.py`). It builds the inputs with "
+                "seed {seed}, runs the float64 reference and the target, compares them, repeats the target to test "
+                "determinism.")
+    lines += ["", _("## Rerun"), "", "```bash", "python repro.py   # exit 1 when the finding reproduces", "```", "",
+              how.format(seed=dg.seed, operator=dg.operator["name"] if has_culprit else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -96,7 +129,7 @@ def _repro_script(dg: Diagnosis, case, target, has_culprit: bool, custom_file: s
     thr = (bad["max_abs"] / 2 if bad and bad["max_abs"] > 0 else 0.0) if dg.rule == "R3" else float("inf")
     custom = None
     if target.kind == "custom":
-        mod, _, fn = target.impl_name.rpartition(":")
+        mod, _colon, fn = target.impl_name.rpartition(":")
         custom = (custom_file or mod, fn)
     lowp = {torch.float16: "torch.float16", torch.bfloat16: "torch.bfloat16"}.get(target.dtype, "None")
     return Template(REPRO_TEMPLATE.read_text()).substitute(
@@ -161,7 +194,7 @@ def write_summary(out: Path, rows: list[dict]) -> None:
         c.font = Font(bold=True)
     fills = {1: "C6EFCE", 2: "FFEB9C", 3: "FFC7CE"}
     for r in rows:
-        ws.append([r.get(k) for k in SUMMARY_COLUMNS])
+        ws.append([shown(r.get(k)) for k in SUMMARY_COLUMNS])  # the conclusion in the reader's language
         row = ws.max_row
         if r.get("exit") in fills:
             ws.cell(row, 3).fill = PatternFill("solid", fgColor=fills[r["exit"]])
@@ -175,8 +208,8 @@ def write_summary(out: Path, rows: list[dict]) -> None:
     ws.freeze_panes = "A2"
     rules = wb.create_sheet("rules")
     rules.append(["rule", "class", "check", "text"])
-    for r in RULES:
-        rules.append(list(r))
+    for rid, cls, check, text in RULES:
+        rules.append([rid, cls, check, _(text)])
     buf = io.BytesIO()
     wb.save(buf)
     write_bytes_atomic(out / "summary.xlsx", buf.getvalue())

@@ -10,41 +10,43 @@ Rules are checked in the order written; the first that fires decides.
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from opforge.i18n import N_, Msg
 from opforge.skills.api_consistency import checks as ck
 from opforge.skills.api_consistency.targets import Program, Target, programs
 from opforge.verify import divergence as dv
 from opforge.verify.tolerance import dtype_name
 
 RULES = [
-    ("R1", 2, "crash", "The call fails on the target but runs on the CPU: a framework or adaptation problem "
-                       "(missing kernel or dtype support, wrong fallback, wrapper logic). The operator in flight "
-                       "and its call site are named, with the traceback."),
-    ("R2", 2, "functional", "An output differs from the reference in structure, shape or dtype: dtype promotion "
-                            "or shape handling. Localised to the first operator on the output's path that turns "
-                            "the expected dtype into another (or the first aligned operator whose shape differs)."),
-    ("R3", 3, "precision", "inf/NaN appear where the float64 reference is finite, or values leave the program "
-                           "tolerance, and one operator replayed in float64 on its own recorded inputs diverges "
-                           "beyond its dtype's tolerance (else: the first operator on the output's path that "
-                           "overflows or flushes to zero where the float64 program does not; an opaque kernel on "
-                           "the path; the custom function itself when all its operators are right): that "
-                           "operator's numerical defect."),
-    ("R4", 3, "determinism", "Repeated runs on the target differ bit for bit while the CPU reference does not: a "
-                             "determinism defect, localised to the first operator whose output values change with "
-                             "the same inputs (or the same inputs in another order)."),
-    ("R5", 2, "precision", "Values leave the tolerance though every operator is right on its own inputs: the "
-                           "program is composed differently on the target (decomposition, fallback, wrapper)."),
-    ("R6", 2, "memory", "Peak memory on the target is above twice the reference's (scaled by element size) "
-                        "plus 16 MiB: an extra copy or a fallback."),
-    ("R7", 1, "expected", "An expected difference: a check the case documents (DOCUMENTED), randomness the "
-                          "program owns (the CPU varies too and a fixed seed makes both repeatable), or precision "
-                          "lost to rounding in low precision while every operator is within its tolerance."),
-    ("R8", 1, "none", "Consistent: outputs match in structure, shape and dtype, values within tolerance of the "
-                      "float64 reference, repeated runs identical, memory as expected."),
+    ("R1", 2, "crash", N_("The call fails on the target but runs on the CPU: a framework or adaptation problem "
+                          "(missing kernel or dtype support, wrong fallback, wrapper logic). The operator in flight "
+                          "and its call site are named, with the traceback.")),
+    ("R2", 2, "functional", N_("An output differs from the reference in structure, shape or dtype: dtype promotion "
+                               "or shape handling. Localised to the first operator on the output's path that turns "
+                               "the expected dtype into another (or the first aligned operator whose shape differs).")),
+    ("R3", 3, "precision", N_("inf/NaN appear where the float64 reference is finite, or values leave the program "
+                              "tolerance, and one operator replayed in float64 on its own recorded inputs diverges "
+                              "beyond its dtype's tolerance (else: the first operator on the output's path that "
+                              "overflows or flushes to zero where the float64 program does not; an opaque kernel on "
+                              "the path; the custom function itself when all its operators are right): that "
+                              "operator's numerical defect.")),
+    ("R4", 3, "determinism", N_("Repeated runs on the target differ bit for bit while the CPU reference does not: a "
+                                "determinism defect, localised to the first operator whose output values change with "
+                                "the same inputs (or the same inputs in another order).")),
+    ("R5", 2, "precision", N_("Values leave the tolerance though every operator is right on its own inputs: the "
+                              "program is composed differently on the target (decomposition, fallback, wrapper).")),
+    ("R6", 2, "memory", N_("Peak memory on the target is above twice the reference's (scaled by element size) "
+                           "plus 16 MiB: an extra copy or a fallback.")),
+    ("R7", 1, "expected", N_("An expected difference: a check the case documents (DOCUMENTED), randomness the "
+                             "program owns (the CPU varies too and a fixed seed makes both repeatable), or precision "
+                             "lost to rounding in low precision while every operator is within its tolerance.")),
+    ("R8", 1, "none", N_("Consistent: outputs match in structure, shape and dtype, values within tolerance of the "
+                         "float64 reference, repeated runs identical, memory as expected.")),
 ]
 MEMORY_SLACK = 16 << 20
 
@@ -71,7 +73,7 @@ class Diagnosis:
                 "check": self.check, "conclusion": self.conclusion, "operator": self.operator,
                 "evidence": self.evidence, "checks": self.checks, "timeline": self.timeline,
                 "traceback": self.traceback, "seconds": round(self.seconds, 3),
-                "rules": [{"id": r, "exit": e, "text": t, "fired": r == self.rule} for r, e, _, t in RULES]}
+                "rules": [{"id": r, "exit": e, "text": t, "fired": r == self.rule} for r, e, _check, t in RULES]}
 
 
 class _Clock:
@@ -102,50 +104,110 @@ def _function_op(fn, name: str, reason: str) -> dict:
             "stack": []}
 
 
+def _site(site) -> Msg | str:
+    """A call site as `str(site)` says it ("file:line in function: code"), in the reader's language."""
+    if not site:
+        return ""
+    text = Msg(N_("{file}:{line} in {function}: {code}"), file=site.file, line=site.line, function=site.function,
+               code=site.code)
+    return text if text == str(site) else str(site)
+
+
+def _describe(rec: dv.OpRecord) -> Msg | str:
+    """`rec.describe()` in the reader's language: "#index name at site"."""
+    if not rec.site:
+        return rec.describe()
+    text = Msg(N_("#{index} {name} at {site}"), index=rec.index, name=rec.name, site=_site(rec.site))
+    return text if text == rec.describe() else rec.describe()
+
+
+# The reasons opforge.verify.divergence gives, so that a report can show them in the reader's language.
+_REASONS = [(re.compile(pattern), template) for pattern, template in [
+    (r"(?P<kind>\S+) operator: no float64 replay", N_("{kind} operator: no float64 replay")),
+    (r"values not kept \(recording budget\)", N_("values not kept (recording budget)")),
+    (r"uninitialised or random output", N_("uninitialised or random output")),
+    (r"a view of its input: exact by construction", N_("a view of its input: exact by construction")),
+    (r"not replayable", N_("not replayable")),
+    (r"no tensor output", N_("no tensor output")),
+    (r"float64 replay failed: (?P<error>.+)", N_("float64 replay failed: {error}")),
+    (r"(?P<n>\d+) outputs, the replay gives (?P<ref>\d+)", N_("{n} outputs, the replay gives {ref}")),
+    (r"output (?P<i>\d+): shape (?P<shape>.+), replay (?P<ref>.+)", N_("output {i}: shape {shape}, replay {ref}")),
+    (r"output (?P<i>\d+): (?P<bad>\d+) of (?P<numel>\d+) values differ exactly",
+     N_("output {i}: {bad} of {numel} values differ exactly")),
+    (r"output (?P<i>\d+): (?P<n>\d+) inf/NaN where the float64 replay is finite \(e\.g\. flat index (?P<index>\d+): "
+     r"(?P<value>\S+) vs (?P<ref>\S+)\)",
+     N_("output {i}: {n} inf/NaN where the float64 replay is finite (e.g. flat index {index}: {value} vs {ref})")),
+    (r"output (?P<i>\d+): (?P<bad>\d+) of (?P<numel>\d+) elements beyond tolerance \(max abs error (?P<max_abs>\S+)\)",
+     N_("output {i}: {bad} of {numel} elements beyond tolerance (max abs error {max_abs})")),
+    (r"(?P<n>\d+) element\(s\) overflow to (?P<value>\S+) where the reference holds (?P<ref>\S+)",
+     N_("{n} element(s) overflow to {value} where the reference holds {ref}")),
+    (r"(?P<n>\d+) element\(s\) underflow to 0 where the reference holds (?P<ref>\S+) \(below the smallest normal "
+     r"(?P<tiny>\S+)\)", N_("{n} element(s) underflow to 0 where the reference holds {ref} (below the smallest normal "
+                            "{tiny})")),
+]]
+
+
+def _reason(text: str) -> Msg | str:
+    """A reason from the divergence checker, unchanged in English, translatable where its wording is known."""
+    for pattern, template in _REASONS:
+        m = pattern.fullmatch(text)
+        if m:
+            msg = Msg(template, **m.groupdict())
+            if msg == text:
+                return msg
+    return text
+
+
+_WHAT = {"structure": N_("structure"), "shape": N_("shape"), "dtype": N_("dtype"), "value": N_("value")}
+
+
 def _set(dg: Diagnosis, rule: str, conclusion: str, op: dict | None = None, culprit=None) -> Diagnosis:
-    rid, ex, check, _ = next(r for r in RULES if r[0] == rule)
+    rid, ex, check, _text = next(r for r in RULES if r[0] == rule)
     documented = dg.checks.get("documented", {})
     doc_key = {"crash": "functional"}.get(check, check)
     if ex != 1 and doc_key in documented:
-        dg.evidence.append(f"rule {rule} would fire ({conclusion}) but the case documents {doc_key}: "
-                           f"{documented[doc_key]}")
+        dg.evidence.append(Msg(N_("rule {rule} would fire ({conclusion}) but the case documents {check}: {text}"),
+                               rule=rule, conclusion=conclusion, check=doc_key, text=documented[doc_key]))
         rid, ex, check = "R7", 1, "expected"
-        conclusion = f"documented difference in {doc_key}: {documented[doc_key]}"
+        conclusion = Msg(N_("documented difference in {check}: {text}"), check=doc_key, text=documented[doc_key])
     dg.rule, dg.exit, dg.check, dg.conclusion, dg.operator, dg.culprit = rid, ex, check, conclusion, op, culprit
     return dg
 
 
 def _localise_numeric(dg, target: Target, progs, seed: int, bad_output: int, clock: _Clock):
     """Second pass for a value/inf difference: replay every operator of the target's run in float64."""
-    trace = clock.step("second pass: record the target's run with every operator's values",
+    trace = clock.step(Msg(N_("second pass: record the target's run with every operator's values")),
                        lambda: dv.record(lambda: (torch.manual_seed(seed), progs["dut"].call())[1]),
-                       lambda t: f"{len(t.records)} operators recorded")
-    checks = clock.step("second pass: replay each operator in float64 on its recorded inputs",
+                       lambda t: Msg(N_("{n} operators recorded"), n=len(t.records)))
+    checks = clock.step(Msg(N_("second pass: replay each operator in float64 on its recorded inputs")),
                         lambda: dv.local_check(trace, baseline=target.kind == "device"),
-                        lambda cs: (f"{sum(c.replayed for c in cs)} replayed; first divergence: "
-                                    f"{cs[-1].record.describe() if cs and not cs[-1].passed else 'none'}"))
+                        lambda cs: Msg(N_("{n} replayed; first divergence: {first}"),
+                                       n=sum(c.replayed for c in cs),
+                                       first=_describe(cs[-1].record) if cs and not cs[-1].passed else Msg(N_("none"))))
     dg.checks["localisation"] = {"replayed": sum(c.replayed for c in checks), "recorded": len(trace.records),
                                  "first": checks[-1].to_dict() if checks and not checks[-1].passed else None}
     if checks and not checks[-1].passed:
         c = checks[-1]
-        return "op", _op(c.record, c.reason), c.record
+        return "op", _op(c.record, _reason(c.reason)), c.record
     path = dv.backward_slice(trace, bad_output) if trace.output_deps and bad_output < len(trace.output_deps) else []
     if target.kind in ("lowp", "device") and path:
         ref64 = dv.record(lambda: (torch.manual_seed(seed), progs["ref64"].call())[1])
         hit = dv.range_event(ref64, trace, path)
         if hit:
             dg.checks["localisation"]["range"] = {"op": hit[0].name, "reason": hit[1]}
-            return "op", _op(hit[0], hit[1] + " in the float64 program"), hit[0]
+            return "op", _op(hit[0], Msg(N_("{reason} in the float64 program"), reason=_reason(hit[1]))), hit[0]
     opaque = [r for r in path if r.kind in ("triton", "custom")]
     if opaque:
         ref_trace = dv.record(lambda: (torch.manual_seed(seed), progs["ref"].call())[1])
         r = opaque[0]
         aligned = dict((j, i) for i, j in dv.align(ref_trace, trace))
-        note = "the first opaque kernel on the output's path (every replayable operator is right)"
+        note = Msg(N_("the first opaque kernel on the output's path (every replayable operator is right)"))
         if r.children:
-            note += "; it launches " + ", ".join(trace.records[c].name for c in r.children)
+            note = Msg(N_("{note}; it launches {ops}"), note=note,
+                       ops=", ".join(trace.records[c].name for c in r.children))
         if r.index in aligned:
-            note += f"; aligned with the reference's {ref_trace.records[aligned[r.index]].name}"
+            note = Msg(N_("{note}; aligned with the reference's {op}"), note=note,
+                       op=ref_trace.records[aligned[r.index]].name)
         return "op", _op(r, note), r
     return "none", None, trace
 
@@ -184,10 +246,16 @@ def _layer_bisect(case, progs, seed: int, dg: Diagnosis) -> dict | None:
             return {"layer": backend, "detail": run.error}
         prec = ck.precision(run, ref64, ref, lowp=False)
         if any(not p["passed"] for p in prec):
-            dg.evidence.append(f"torch.compile(backend={backend!r}) is the first layer whose output diverges")
-            return {"layer": backend, "detail": "values leave the tolerance"}
-        dg.evidence.append(f"torch.compile(backend={backend!r}) agrees with eager")
+            dg.evidence.append(Msg(N_("torch.compile(backend={backend}) is the first layer whose output diverges"),
+                                   backend=repr(backend)))
+            return {"layer": backend, "detail": Msg(N_("values leave the tolerance"))}
+        dg.evidence.append(Msg(N_("torch.compile(backend={backend}) agrees with eager"), backend=repr(backend)))
     return None
+
+
+def _ok(run) -> Msg | str:
+    """A step's result: "ok", or the error it raised."""
+    return Msg(N_("ok")) if run.ok else run.error
 
 
 def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis:
@@ -199,20 +267,20 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
     progs = programs(case, target, args, kwargs)
     lowp = target.dtype if target.kind == "lowp" else None
 
-    ref64 = clock.step("reference in float64 on the CPU", lambda: ck.execute(progs["ref64"], seed=seed),
-                       lambda r: "ok" if r.ok else r.error)
-    ref = ref64 if lowp else clock.step("reference on the CPU at the case's dtypes",
-                                        lambda: ck.execute(progs["ref"], seed=seed),
-                                        lambda r: "ok" if r.ok else r.error)
+    ref64 = clock.step(Msg(N_("reference in float64 on the CPU")), lambda: ck.execute(progs["ref64"], seed=seed),
+                       _ok)
+    ref = ref64 if lowp else clock.step(Msg(N_("reference on the CPU at the case's dtypes")),
+                                        lambda: ck.execute(progs["ref"], seed=seed), _ok)
     if not ref.ok:
         from opforge.errors import InputError
 
         raise InputError(f"{case.path}::{case.fn_name}", f"fails on the CPU reference: {ref.error}")
     if not ref64.ok:  # float64 is not meaningful for this program: the CPU at its own dtype is the truth
-        dg.evidence.append(f"the float64 reference fails ({ref64.error}); the CPU at the case's dtype is used")
+        dg.evidence.append(Msg(N_("the float64 reference fails ({error}); the CPU at the case's dtype is used"),
+                               error=ref64.error))
         ref64 = ref
-    dut = clock.step(f"target {target.label}: first run", lambda: ck.execute(progs["dut"], seed=seed),
-                     lambda r: "ok" if r.ok else r.error)
+    dut = clock.step(Msg(N_("target {target}: first run"), target=target.label),
+                     lambda: ck.execute(progs["dut"], seed=seed), _ok)
 
     # R1: a crash on the target
     if not dut.ok:
@@ -223,12 +291,20 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
             # a test's own check failed: if an operator is wrong on its inputs, that is the finding
             kind, op, culprit = _localise_numeric(dg, target, progs, seed, 0, clock)
             if kind == "op":
-                return _done(dg, t_start, "R3", f"the case's assertion fails on {target.label} ({dut.error}); "
-                                                f"localised to {op['name']}"
-                             + (f" at {culprit.site}" if getattr(culprit, "site", None) else ""), op, culprit)
-        op = _op(rec, f"raised {dut.error}") if rec else None
-        where = f" in {rec.name} at {rec.site}" if rec and rec.site else ""
-        return _done(dg, t_start, "R1", f"the call fails on {target.label}{where}: {dut.error}", op, rec)
+                if getattr(culprit, "site", None):
+                    text = Msg(N_("the case's assertion fails on {target} ({error}); localised to {op} at {site}"),
+                               target=target.label, error=dut.error, op=op["name"], site=_site(culprit.site))
+                else:
+                    text = Msg(N_("the case's assertion fails on {target} ({error}); localised to {op}"),
+                               target=target.label, error=dut.error, op=op["name"])
+                return _done(dg, t_start, "R3", text, op, culprit)
+        op = _op(rec, Msg(N_("raised {error}"), error=dut.error)) if rec else None
+        if rec and rec.site:
+            text = Msg(N_("the call fails on {target} in {op} at {site}: {error}"), target=target.label, op=rec.name,
+                       site=_site(rec.site), error=dut.error)
+        else:
+            text = Msg(N_("the call fails on {target}: {error}"), target=target.label, error=dut.error)
+        return _done(dg, t_start, "R1", text, op, rec)
 
     # R2: structure, shape, dtype
     probs = ck.functional(dut, ref, lowp)
@@ -241,17 +317,23 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
 
             rec = dv.promotion_point(dut.trace, p["output"], parse_dtype(p["expected"]))
             if rec:
-                op = _op(rec, f"turns {p['expected']} into "
-                              f"{', '.join(sorted({str(o.dtype).replace('torch.', '') for o in rec.outputs}))}")
+                op = _op(rec, Msg(N_("turns {expected} into {dtypes}"), expected=p["expected"],
+                                  dtypes=", ".join(sorted({str(o.dtype).replace("torch.", "") for o in rec.outputs}))))
         elif p["what"] == "shape":
             pair = dv.first_aligned_mismatch(ref.trace, dut.trace, "shape")
             if pair:
                 rec = pair[1]
-                op = _op(rec, f"output shape {[list(o.shape) for o in rec.outputs]} where the reference's "
-                              f"{pair[0].name} gives {[list(o.shape) for o in pair[0].outputs]}")
-        where = f" at {op['name']} ({rec.site})" if op and rec and rec.site else ""
+                op = _op(rec, Msg(N_("output shape {shape} where the reference's {op} gives {ref}"),
+                                  shape=[list(o.shape) for o in rec.outputs], op=pair[0].name,
+                                  ref=[list(o.shape) for o in pair[0].outputs]))
         dg.evidence += [q["detail"] for q in probs]
-        return _done(dg, t_start, "R2", f"{p['what']} differs: {p['detail']}{where}", op, rec)
+        what = Msg(_WHAT[p["what"]]) if p["what"] in _WHAT else p["what"]
+        if op and rec and rec.site:
+            text = Msg(N_("{what} differs: {detail} at {op} ({site})"), what=what, detail=p["detail"], op=op["name"],
+                       site=_site(rec.site))
+        else:
+            text = Msg(N_("{what} differs: {detail}"), what=what, detail=p["detail"])
+        return _done(dg, t_start, "R2", text, op, rec)
 
     # precision
     prec = ck.precision(dut, ref64, None if lowp or ref is ref64 else ref, lowp=lowp is not None)
@@ -259,19 +341,20 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
     bad = next((p for p in prec if not p["passed"]), None)
 
     # determinism
-    same, k = clock.step(f"target {target.label}: {runs - 1} more runs, compared bit for bit",
+    same, k = clock.step(Msg(N_("target {target}: {n} more runs, compared bit for bit"), target=target.label,
+                             n=runs - 1),
                          lambda: ck.repeat(progs["dut"], dut, runs, seed=seed, reseed=False),
-                         lambda r: "identical" if r[0] else f"run {r[1] + 1} differs")
+                         lambda r: Msg(N_("identical")) if r[0] else Msg(N_("run {k} differs"), k=r[1] + 1))
     det = {"passed": same, "runs": runs}
     if not same:
-        ref_same, _ = clock.step("CPU reference repeated", lambda: ck.repeat(progs["ref"], ref, runs, seed=seed,
-                                                                               reseed=False),
-                                 lambda r: "identical" if r[0] else "differs too")
+        ref_same, _k = clock.step(Msg(N_("CPU reference repeated")),
+                                  lambda: ck.repeat(progs["ref"], ref, runs, seed=seed, reseed=False),
+                                  lambda r: Msg(N_("identical")) if r[0] else Msg(N_("differs too")))
         det["reference_repeatable"] = ref_same
         det["repeatable_with_seed"] = clock.step(
-            f"target {target.label}: repeated with the seed fixed before each run",
+            Msg(N_("target {target}: repeated with the seed fixed before each run"), target=target.label),
             lambda: ck.repeat(progs["dut"], ck.execute(progs["dut"], seed=seed), runs, seed=seed, reseed=True)[0],
-            lambda r: "identical" if r else "differs")
+            lambda r: Msg(N_("identical")) if r else Msg(N_("differs")))
     dg.checks["determinism"] = det
 
     # memory
@@ -288,81 +371,106 @@ def diagnose(case, target: Target, *, seed: int = 0, runs: int = 3) -> Diagnosis
     # R3: values
     if bad is not None:
         i = bad["output"]
-        desc = (f"output {i}: {bad['new_nonfinite']} inf/NaN where float64 is finite" if bad["new_nonfinite"]
-                else f"output {i}: {bad['mismatches']} of {bad['numel']} elements beyond tolerance "
-                     f"(max abs error {bad['max_abs']:.3g}, atol {bad['atol']:.3g}, rtol {bad['rtol']:.3g})")
+        desc = (Msg(N_("output {i}: {n} inf/NaN where float64 is finite"), i=i, n=bad["new_nonfinite"])
+                if bad["new_nonfinite"] else
+                Msg(N_("output {i}: {bad} of {numel} elements beyond tolerance (max abs error {max_abs:.3g}, "
+                       "atol {atol:.3g}, rtol {rtol:.3g})"), i=i, bad=bad["mismatches"], numel=bad["numel"],
+                    max_abs=bad["max_abs"], atol=bad["atol"], rtol=bad["rtol"]))
         dg.evidence.append(desc)
         tail = ck.tail_pattern(bad["numel"], bad.get("bad_span"), bad["mismatches"])
         if tail:
             dg.evidence.append(tail)
         if target.kind == "compile":
-            layer = clock.step("second pass: compile layer by layer", lambda: _layer_bisect(case, progs, seed, dg),
-                               lambda r: f"first diverging layer: {r['layer']}" if r else "none")
+            layer = clock.step(Msg(N_("second pass: compile layer by layer")),
+                               lambda: _layer_bisect(case, progs, seed, dg),
+                               lambda r: Msg(N_("first diverging layer: {layer}"), layer=r["layer"]) if r
+                               else Msg(N_("none")))
             if layer:
                 op = {"name": f"torch.compile backend {layer['layer']}", "kind": "compiler", "index": None,
                       "reason": layer["detail"], "site": None, "stack": []}
                 ex_rule = "R3" if layer["layer"] == "inductor" else "R5"
-                return _done(dg, t_start, ex_rule, f"{desc}; the {layer['layer']} layer of torch.compile diverges",
-                             op)
+                return _done(dg, t_start, ex_rule, Msg(N_("{desc}; the {layer} layer of torch.compile diverges"),
+                                                       desc=desc, layer=layer["layer"]), op)
         kind, op, rec = _localise_numeric(dg, target, progs, seed, i, clock)
         if kind == "op":
-            return _done(dg, t_start, "R3", f"{desc}; localised to {op['name']}"
-                         + (f" at {rec.site}" if getattr(rec, "site", None) else ""), op, rec)
+            if getattr(rec, "site", None):
+                text = Msg(N_("{desc}; localised to {op} at {site}"), desc=desc, op=op["name"], site=_site(rec.site))
+            else:
+                text = Msg(N_("{desc}; localised to {op}"), desc=desc, op=op["name"])
+            return _done(dg, t_start, "R3", text, op, rec)
         narrow = _narrowing(ref.trace, rec, i) if lowp is None and rec is not None else None
         if narrow is not None:
             r, dt, floor = narrow
-            return _done(dg, t_start, "R2", f"{desc}; every operator is right on its inputs, but {r.name} at "
-                         f"{r.site} computes in {dt} where the reference never goes below {floor}",
-                         _op(r, f"computes in {dt} (the reference computes in {floor}"
-                                + (")" if floor == "integer" else " or wider)")), r)
+            text = Msg(N_("{desc}; every operator is right on its inputs, but {op} at {site} computes in {dtype} "
+                          "where the reference never goes below {floor}"), desc=desc, op=r.name, site=_site(r.site),
+                       dtype=dt, floor=floor)
+            why = (Msg(N_("computes in {dtype} (the reference computes in {floor})"), dtype=dt, floor=floor)
+                   if floor == "integer" else
+                   Msg(N_("computes in {dtype} (the reference computes in {floor} or wider)"), dtype=dt, floor=floor))
+            return _done(dg, t_start, "R2", text, _op(r, why), r)
         if target.kind == "custom":
-            op = _function_op(target.impl, target.impl_name, "every ATen operator inside is right on its inputs: "
-                                                             "the defect is in how the function composes them")
-            return _done(dg, t_start, "R3", f"{desc}; localised to the custom function {target.impl_name}", op)
+            op = _function_op(target.impl, target.impl_name,
+                              Msg(N_("every ATen operator inside is right on its inputs: the defect is in how the "
+                                     "function composes them")))
+            return _done(dg, t_start, "R3", Msg(N_("{desc}; localised to the custom function {function}"), desc=desc,
+                                                function=target.impl_name), op)
         if lowp is not None and not bad["new_nonfinite"]:
-            dg.evidence.append("every operator is within its dtype's tolerance on its own inputs")
-            return _done(dg, t_start, "R7", f"{desc}: rounding in {str(lowp).replace('torch.', '')} accumulated "
-                                            "across the program, no operator beyond its tolerance")
-        return _done(dg, t_start, "R5", f"{desc}; no single operator diverges on its own inputs")
+            dg.evidence.append(Msg(N_("every operator is within its dtype's tolerance on its own inputs")))
+            return _done(dg, t_start, "R7", Msg(N_("{desc}: rounding in {dtype} accumulated across the program, no "
+                                                   "operator beyond its tolerance"), desc=desc,
+                                                dtype=str(lowp).replace("torch.", "")))
+        return _done(dg, t_start, "R5", Msg(N_("{desc}; no single operator diverges on its own inputs"), desc=desc))
 
     # R4: determinism
     if not same:
-        a = clock.step("second pass: record runs of the target until two differ",
+        a = clock.step(Msg(N_("second pass: record runs of the target until two differ")),
                        lambda: _two_differing_runs(progs["dut"], seed),
-                       lambda r: f"{len(r[0].records)} and {len(r[1].records)} operators")
+                       lambda r: Msg(N_("{first} and {second} operators"), first=len(r[0].records),
+                                     second=len(r[1].records)))
         hit = dv.run_to_run(*a)
         dg.checks["determinism"]["localisation"] = hit.to_dict() if hit else None
         seeded = det["repeatable_with_seed"]
         if seeded and ((hit and hit.record.random) or (not hit and not det["reference_repeatable"])):
-            src = f" drawn by {hit.record.name} at {hit.record.site}" if hit else ""
-            dg.evidence.append(f"the differences start at random numbers{src}; with the seed fixed before each "
-                               "run the target repeats bit for bit")
-            return _done(dg, t_start, "R7", "the program's own randomness, repeatable under a fixed seed")
+            if hit:
+                dg.evidence.append(Msg(N_("the differences start at random numbers drawn by {op} at {site}; with the "
+                                          "seed fixed before each run the target repeats bit for bit"),
+                                       op=hit.record.name, site=_site(hit.record.site) or str(hit.record.site)))
+            else:
+                dg.evidence.append(Msg(N_("the differences start at random numbers; with the seed fixed before each "
+                                          "run the target repeats bit for bit")))
+            return _done(dg, t_start, "R7", Msg(N_("the program's own randomness, repeatable under a fixed seed")))
         if hit:
-            how = ("its output changes between runs with the same inputs" if hit.inputs == "same" else
-                   "its output changes between runs with the same input values in another order: an "
-                   "order-dependent accumulation" if hit.inputs == "permuted" else
-                   "the first operator whose output changes between runs (its inputs differ too)")
-            dg.evidence.append(f"{hit.record.name}: {how}; max difference {hit.max_abs:.3g}")
-            return _done(dg, t_start, "R4", f"repeated runs differ; the first operator to change is {hit.record.name}"
-                         + (f" at {hit.record.site}" if hit.record.site else ""), _op(hit.record, how), hit.record)
+            how = (Msg(N_("its output changes between runs with the same inputs")) if hit.inputs == "same" else
+                   Msg(N_("its output changes between runs with the same input values in another order: an "
+                          "order-dependent accumulation")) if hit.inputs == "permuted" else
+                   Msg(N_("the first operator whose output changes between runs (its inputs differ too)")))
+            dg.evidence.append(Msg(N_("{op}: {how}; max difference {max_abs:.3g}"), op=hit.record.name, how=how,
+                                   max_abs=hit.max_abs))
+            if hit.record.site:
+                text = Msg(N_("repeated runs differ; the first operator to change is {op} at {site}"),
+                           op=hit.record.name, site=_site(hit.record.site))
+            else:
+                text = Msg(N_("repeated runs differ; the first operator to change is {op}"), op=hit.record.name)
+            return _done(dg, t_start, "R4", text, _op(hit.record, how), hit.record)
         if target.kind == "custom":
-            return _done(dg, t_start, "R4", f"repeated runs differ inside {target.impl_name}",
-                         _function_op(target.impl, target.impl_name, "no recorded operator changes between runs"))
-        return _done(dg, t_start, "R4", "repeated runs differ; no recorded operator changes between runs")
+            return _done(dg, t_start, "R4",
+                         Msg(N_("repeated runs differ inside {function}"), function=target.impl_name),
+                         _function_op(target.impl, target.impl_name,
+                                      Msg(N_("no recorded operator changes between runs"))))
+        return _done(dg, t_start, "R4", Msg(N_("repeated runs differ; no recorded operator changes between runs")))
 
     # R6: memory
     if mem.get("passed") is False:
-        return _done(dg, t_start, "R6", f"peak memory {dut.peak_bytes} bytes against an expected "
-                                        f"{mem['expected_peak_bytes']}")
-    return _done(dg, t_start, "R8", "consistent with the CPU reference")
+        return _done(dg, t_start, "R6", Msg(N_("peak memory {peak} bytes against an expected {expected}"),
+                                            peak=dut.peak_bytes, expected=mem["expected_peak_bytes"]))
+    return _done(dg, t_start, "R8", Msg(N_("consistent with the CPU reference")))
 
 
 def _two_differing_runs(prog, seed: int, attempts: int = 10) -> tuple:
     """A non-deterministic result can repeat by chance: record until a run differs from the first."""
     first = dv.record(lambda: (torch.manual_seed(seed), prog.call())[1])
     other = first
-    for _ in range(attempts):
+    for _attempt in range(attempts):
         other = dv.record(prog.call)
         if len(other.outputs) != len(first.outputs) or not all(
                 dv.bits_equal(x, y) for x, y in zip(first.outputs, other.outputs)):

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Callable
 
 from opforge.errors import InputError
-from opforge.i18n import N_
+from opforge.i18n import N_, Msg
 from opforge.skills.ci_fix import gitrepo, proof
 from opforge.skills.ci_fix.edits import Block, Text, apply_blocks, diff_blocks, overlaps, remap_lines, runs
 from opforge.skills.ci_fix.linters import Diagnostic, Linters, Typo
 from opforge.skills.ci_fix.regions import c_regions, doc_regions, kind_at, python_regions, split_lines
-from opforge.skills.ci_fix.texts import Msg
 from opforge.skills.ci_fix.whitelist import Whitelist, load_whitelist
 from opforge.workspace.atomic import write_bytes_atomic
 

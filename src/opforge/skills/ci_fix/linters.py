@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opforge.errors import InputError
-from opforge.i18n import N_
-from opforge.skills.ci_fix.texts import Msg
+from opforge.i18n import N_, Msg
 
 INSTALL_HINT = "not installed: pip install 'opforge[ci]'"
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import ast
 import difflib
 
-from opforge.i18n import N_
+from opforge.i18n import N_, Msg
 from opforge.skills.ci_fix.regions import c_tokens, char_col, docstring_nodes, split_lines
-from opforge.skills.ci_fix.texts import Msg
 
 Pos = tuple[int, int]
 DOC_MARK = "\0docstring\0"

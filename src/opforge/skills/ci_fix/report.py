@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opforge.i18n import _
-from opforge.skills.ci_fix.texts import shown
+from opforge.i18n import _, shown
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 JSON_NAME = "ci-fix.json"

@@ -8,8 +8,7 @@ from pathlib import Path
 import yaml
 
 from opforge.errors import InputError
-from opforge.i18n import N_
-from opforge.skills.ci_fix.texts import Msg
+from opforge.i18n import N_, Msg
 
 DEFAULT_FILE = Path(__file__).with_name("whitelist.yaml")
 CODESPELL_KEYS = {"comments": bool, "docstrings": bool, "docs": list}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opforge.i18n import N_
+from opforge.i18n import N_, Joined, Msg
 from opforge.skills.pr_analysis.areas import (
     DERIVATIVES,
     NATIVE_FUNCTIONS,
@@ -23,7 +23,6 @@ from opforge.skills.pr_analysis.areas import (
 from opforge.skills.pr_analysis.gitlog import BlobReader, Commit, FileChange
 from opforge.skills.pr_analysis.profile import Profile
 from opforge.skills.pr_analysis.schema_diff import COMPOSITE_KEYS, OpChange, diff_derivatives, diff_native
-from opforge.skills.pr_analysis.texts import Joined, Msg
 
 # Changed lines are searched for integration-point names only in code the backend runs: not in prose, CI,
 # tests, or another device's kernels (areas whose own level is None).

@@ -18,10 +18,9 @@ from pathlib import Path
 import yaml
 
 from opforge.errors import InputError
-from opforge.i18n import N_
+from opforge.i18n import N_, Msg
 from opforge.skills.pr_analysis.areas import INTEGRATION_POINTS
 from opforge.skills.pr_analysis.schema_diff import op_base
-from opforge.skills.pr_analysis.texts import Msg
 
 ALL_POINTS = tuple(pid for pid, *_ in INTEGRATION_POINTS)
 # op-plugin's sections, then those of torchgen's gen_backend_stubs yaml (as used by torch_xla and torch_npu).

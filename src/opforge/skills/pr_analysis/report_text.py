@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from opforge.i18n import _
+from opforge.i18n import _, shown
 from opforge.skills.pr_analysis.review import note_text
-from opforge.skills.pr_analysis.texts import shown
 from opforge.workspace.atomic import write_text_atomic
 
 

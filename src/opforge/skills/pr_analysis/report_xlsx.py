@@ -9,9 +9,8 @@ from openpyxl import Workbook
 from openpyxl.styles import Alignment, Font, PatternFill
 from openpyxl.utils import get_column_letter
 
-from opforge.i18n import N_, _
+from opforge.i18n import N_, _, shown
 from opforge.skills.pr_analysis.review import note_text
-from opforge.skills.pr_analysis.texts import shown
 from opforge.workspace.atomic import write_bytes_atomic
 
 FILL = {"High": PatternFill("solid", fgColor="F8CBAD"), "Medium": PatternFill("solid", fgColor="FFE699"),

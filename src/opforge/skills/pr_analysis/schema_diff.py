@@ -14,8 +14,7 @@ from functools import lru_cache
 import yaml
 from torchgen.model import FunctionSchema
 
-from opforge.i18n import N_
-from opforge.skills.pr_analysis.texts import Msg
+from opforge.i18n import N_, Msg
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
