@@ -11,11 +11,14 @@ import typer
 from rich.console import Console
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import _, set_language, shown
 from opforge.workspace import check_out_folder, os_error
 
 graph_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                         help="torch.compile problems: where and why a graph fails, layer by layer")
 progress_console = Console(stderr=True)
+LANG_HELP = "language of analysis.md, profile.md, summary.xlsx and the summary: en or zh (default: OPFORGE_LANG, " \
+            "else en); JSON stays English"
 
 
 def _fail(where: str, what: str, as_json: bool) -> None:
@@ -32,8 +35,8 @@ def _finish(out: Path, result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
     else:
         typer.echo(summary_line(result))
-        typer.echo(f"next: {result['next_action']}")
-        typer.echo(f"wrote {out / 'analysis.md'}")
+        typer.echo(_("next: {action}").format(action=result["next_action"]))
+        typer.echo(_("wrote {path}").format(path=out / "analysis.md"))
     raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
 
 
@@ -63,12 +66,14 @@ def graph_diagnose(
     memory_gb: float = typer.Option(None, "--memory-gb", min=0.1, help="address-space limit for each step"),
     check: bool = typer.Option(False, "--check", help="compare each compiled call's outputs with eager's"),
     as_json: bool = typer.Option(False, "--json", help="print result.json"),
+    lang: str = typer.Option(None, "--lang", help=LANG_HELP),
 ):
     """Find where and why torch.compile fails in a script: user code, framework bug, operator, runtime or
     environment, with the layer, the evidence and the next action."""
     from opforge.skills.graph_diagnose.diagnose import diagnose
 
     try:
+        set_language(lang)
         scripts = sorted(script.glob("*.py")) if script.is_dir() else [script]
         if script.is_dir() and not scripts:
             raise InputError(str(script), "holds no Python script (*.py)")
@@ -110,7 +115,7 @@ def _diagnose_batch(scripts: list[Path], out: Path, args: list[str], *, as_json:
             except Exception as exc:  # noqa: BLE001 - reported in its row, the batch goes on
                 rows.append({"script": s.name, "conclusion": "not diagnosed", "layer": None,
                              "next action": f"opforge failed on this script: {type(exc).__name__}: {exc}"})
-                line = f"{s.name}: not diagnosed ({type(exc).__name__}: {exc})"
+                line = _("{name}: not diagnosed ({error})").format(name=s.name, error=f"{type(exc).__name__}: {exc}")
             if not as_json:
                 bar.console.print(line, markup=False, highlight=False)
             bar.advance(task)
@@ -118,7 +123,7 @@ def _diagnose_batch(scripts: list[Path], out: Path, args: list[str], *, as_json:
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:
-        typer.echo(f"wrote {out / 'summary.xlsx'}")
+        typer.echo(_("wrote {path}").format(path=out / "summary.xlsx"))
     raise typer.Exit(0 if all(r["conclusion"] == "clean" for r in rows) else 1)
 
 
@@ -127,6 +132,7 @@ def graph_logs(
     log: Path = typer.Argument(..., help="a TORCH_LOGS text log, a TORCH_TRACE log, or a TORCH_TRACE folder"),
     out: Path = typer.Option(..., "--out", help="folder for analysis.md and result.json"),
     as_json: bool = typer.Option(False, "--json", help="print result.json"),
+    lang: str = typer.Option(None, "--lang", help=LANG_HELP),
 ):
     """The same conclusion from a log alone, anchored on the first causal error; graph breaks, recompiles (with
     the guards that failed) and compilations as JSON events. Exit 0 nothing found, 1 a finding, 2 bad input."""
@@ -136,6 +142,7 @@ def graph_logs(
     from opforge.skills.graph_diagnose.logs import events, is_trace_log, trace_events
 
     try:
+        set_language(lang)
         if not log.exists():
             raise InputError(str(log), "no such log file or folder")
         traces = sorted(log.glob("*.log")) if log.is_dir() else ([log] if is_trace_log(log) else [])
@@ -168,12 +175,14 @@ def graph_profile(
     timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds each run may take"),
     memory_gb: float = typer.Option(None, "--memory-gb", min=0.1, help="address-space limit for each run"),
     as_json: bool = typer.Option(False, "--json", help="print profile.json"),
+    lang: str = typer.Option(None, "--lang", help=LANG_HELP),
 ):
     """Graphs, graph breaks, recompiles with their guards, compile time by phase, eager against compiled time
     per compiled function, and the fixes in order of gain. Exit 0 (1 when the compiled run fails), 2 bad input."""
     from opforge.skills.graph_diagnose.profile import profile, write_profile
 
     try:
+        set_language(lang)
         _check_script(script)
         _make_out(out, "the folder to write the profile in")
     except InputError as exc:
@@ -186,11 +195,13 @@ def graph_profile(
         typer.echo(json.dumps(json.loads((out / "profile.json").read_text()), indent=2))
     else:
         cs = p["compile_seconds"]
-        typer.echo(f"{script.name}: {p['graphs']} graph(s), {len(p['graph_breaks'])} graph break(s), "
-                   f"{len(p['recompiles'])} recompile(s); compile {cs['dynamo'] + cs['backend']:.2f} s")
+        typer.echo(_("{name}: {graphs} graph(s), {breaks} graph break(s), {recompiles} recompile(s); compile "
+                     "{seconds:.2f} s").format(name=script.name, graphs=p["graphs"], breaks=len(p["graph_breaks"]),
+                                               recompiles=len(p["recompiles"]),
+                                               seconds=cs["dynamo"] + cs["backend"]))
         for f in p["fixes"][:3]:
-            typer.echo(f"fix: {f['fix']} ({f['seconds']:.2f} s)")
-        typer.echo(f"wrote {out / 'profile.md'}")
+            typer.echo(_("fix: {fix} ({seconds:.2f} s)").format(fix=shown(f["fix"]), seconds=f["seconds"]))
+        typer.echo(_("wrote {path}").format(path=out / "profile.md"))
     raise typer.Exit(1 if p["status"]["compiled"] != "ok" else 0)
 
 

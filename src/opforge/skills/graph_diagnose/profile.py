@@ -10,6 +10,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from opforge.i18n import N_, Msg, _, shown
 from opforge.skills.graph_diagnose.child import TIME_ENV
 from opforge.skills.graph_diagnose.diagnose import run_step
 from opforge.skills.graph_diagnose.logs import events, trace_events
@@ -77,26 +78,29 @@ def fixes(p: dict) -> list[dict]:
     for (fn, lhs), recs in by_guard.items():
         spent = sum(seconds_of.get(r["frame"], 0.0) for r in recs)
         where = recs[0].get("user_line") or {"file": recs[0]["file"], "line": recs[0]["line"]}
-        out.append({"fix": f"`{fn}` recompiles {len(recs)} time(s) on the guard `{recs[0]['guard']}`: pass "
-                           f"`{lhs}` as a tensor or mark it dynamic", "seconds": round(spent, 3),
-                    "what": "compile time spent recompiling", "where": where})
+        out.append({"fix": Msg(N_("`{function}` recompiles {n} time(s) on the guard `{guard}`: pass `{lhs}` as a "
+                                   "tensor or mark it dynamic"), function=fn, n=len(recs), guard=recs[0]["guard"],
+                                lhs=lhs), "seconds": round(spent, 3),
+                    "what": Msg(N_("compile time spent recompiling")), "where": where})
     sites: dict = {}
     for b in p["graph_breaks"]:
         sites.setdefault((b["file"], b["line"]), []).append(b)
     for (file, line), breaks in sites.items():
         resumed = [c for c in p["compiles"] if (m := RESUME.match(c["function"] or "")) and int(m["line"]) == line]
         spent = sum(c["seconds"] or 0.0 for c in resumed)
-        out.append({"fix": f"graph break at {Path(file).name}:{line} ({breaks[0]['reason']}): remove it from the "
-                           "compiled region or follow its hints", "seconds": round(spent, 3),
-                    "what": f"compile time of the {len(resumed)} frame(s) resumed after it; each call also "
-                            "leaves the graph there", "where": {"file": file, "line": line},
+        out.append({"fix": Msg(N_("graph break at {where} ({reason}): remove it from the compiled region or follow "
+                                   "its hints"), where=f"{Path(file).name}:{line}", reason=breaks[0]["reason"]),
+                    "seconds": round(spent, 3),
+                    "what": Msg(N_("compile time of the {n} frame(s) resumed after it; each call also leaves the "
+                                    "graph there"), n=len(resumed)), "where": {"file": file, "line": line},
                     "gb_id": breaks[0]["gb_id"]})
     for f in p["functions"]:
         if f["speedup"] is not None and f["speedup"] < 1.0:
             loss = (f["compiled_median_s"] - f["eager_median_s"]) * max(1, f["calls"] - 1)
-            out.append({"fix": f"{f['function']} runs slower compiled than eager ({f['speedup']:.2f}x): check its "
-                               "graph breaks and recompiles, or leave it eager", "seconds": round(loss, 3),
-                        "what": "time lost over its calls after the first", "where": None})
+            out.append({"fix": Msg(N_("{function} runs slower compiled than eager ({speedup:.2f}x): check its graph "
+                                       "breaks and recompiles, or leave it eager"), function=f["function"],
+                                    speedup=f["speedup"]), "seconds": round(loss, 3),
+                        "what": Msg(N_("time lost over its calls after the first")), "where": None})
     return sorted(out, key=lambda f: -f["seconds"])
 
 
@@ -115,33 +119,37 @@ def write_profile(out: Path, p: dict) -> None:
 
 def profile_md(p: dict, plot: bool) -> str:
     cs = p["compile_seconds"]
-    lines = [f"# graph profile: {Path(p['script']).name}", "",
-             f"{p['graphs']} graph(s) from {len(p['compiles'])} compilation(s), {len(p['graph_breaks'])} graph "
-             f"break(s), {len(p['recompiles'])} recompile(s). Compile time: Dynamo {cs['dynamo']:.2f} s, backend "
-             f"{cs['backend']:.2f} s (of which Inductor {cs['inductor']:.2f} s).", ""]
+    lines = ["# " + _("graph profile: {script}").format(script=Path(p["script"]).name), "",
+             _("{graphs} graph(s) from {compiles} compilation(s), {breaks} graph break(s), {recompiles} recompile(s). "
+               "Compile time: Dynamo {dynamo:.2f} s, backend {backend:.2f} s (of which Inductor {inductor:.2f} s).")
+             .format(graphs=p["graphs"], compiles=len(p["compiles"]), breaks=len(p["graph_breaks"]),
+                     recompiles=len(p["recompiles"]), dynamo=cs["dynamo"], backend=cs["backend"],
+                     inductor=cs["inductor"]), ""]
     if p["error"]:
-        lines += [f"The compiled run failed ({p['error']['type']}: {p['error']['message']}): run `opforge graph "
-                  "diagnose` on it.", ""]
+        lines += [_("The compiled run failed ({type}: {message}): run `opforge graph diagnose` on it.").format(
+            type=p["error"]["type"], message=p["error"]["message"]), ""]
     if plot:
-        lines += ["![compile time and call time](profile.png)", ""]
-    lines += ["## Fixes, by the seconds at stake", ""]
-    lines += [f"{i}. {f['fix']} — {f['seconds']:.2f} s ({f['what']})" for i, f in enumerate(p["fixes"], 1)] or \
-        ["Nothing to fix: no recompiles, no graph breaks, no compiled function slower than eager."]
-    lines += ["", "## Compiled against eager (median call after the first)", "",
-              "| function | calls | first call s | compiled s | eager s | speedup |", "|---|---|---|---|---|---|"]
+        lines += ["![" + _("compile time and call time") + "](profile.png)", ""]
+    lines += ["## " + _("Fixes, by the seconds at stake"), ""]
+    lines += [f"{i}. {shown(f['fix'])} — {f['seconds']:.2f} s ({shown(f['what'])})"
+              for i, f in enumerate(p["fixes"], 1)] or \
+        [_("Nothing to fix: no recompiles, no graph breaks, no compiled function slower than eager.")]
+    lines += ["", "## " + _("Compiled against eager (median call after the first)"), "",
+              _("| function | calls | first call s | compiled s | eager s | speedup |"), "|---|---|---|---|---|---|"]
     def cell(v):
         return f"{v:.6f}" if v is not None else "—"
 
     for f in p["functions"]:
         lines.append(f"| `{f['function']}` | {f['calls']} | {cell(f['first_call_s'])} | {cell(f['compiled_median_s'])} "
                      f"| {cell(f['eager_median_s'])} | {f['speedup'] if f['speedup'] is not None else '—'} |")
-    lines += ["", "## Compilations", "", "| frame | function | seconds | backend s | ops | recompile |",
+    lines += ["", "## " + _("Compilations"), "", _("| frame | function | seconds | backend s | ops | recompile |"),
               "|---|---|---|---|---|---|"]
     recompiled = {r["frame"] for r in p["recompiles"]}
+    yes = _("yes")
     for c in p["compiles"]:
         lines.append(f"| {c['frame']} | `{c['function']}` | {c['seconds'] or 0:.3f} | {c['backend_seconds'] or 0:.3f} "
                      f"| {c['graph_ops'] if c['graph_ops'] is not None else '—'} | "
-                     f"{'yes' if c['frame'] in recompiled else ''} |")
+                     f"{yes if c['frame'] in recompiled else ''} |")
     return "\n".join(lines + [""])
 
 

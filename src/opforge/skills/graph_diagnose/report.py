@@ -6,10 +6,35 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from opforge.i18n import N_, _
 from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
-WORDS = {"clean": "runs clean", "user_code": "a user code problem", "framework_bug": "a framework bug",
-         "operator": "an operator problem", "runtime": "a runtime problem", "environment": "an environment problem"}
+# the conclusion in words: English in repro.py, the chosen language in analysis.md and the summary line
+WORDS = {"clean": N_("runs clean"), "user_code": N_("a user code problem"), "framework_bug": N_("a framework bug"),
+         "operator": N_("an operator problem"), "runtime": N_("a runtime problem"),
+         "environment": N_("an environment problem")}
+# the conclusion's sentence: (a finding, located)
+CONCLUSION = {
+    (False, None): N_("**Conclusion: {words}**."),
+    (False, True): N_("**Conclusion: {words}**, located."),
+    (False, False): N_("**Conclusion: {words}**, not located."),
+    (True, None): N_("**Conclusion: {words}** (`{conclusion}`), layer `{layer}`."),
+    (True, True): N_("**Conclusion: {words}** (`{conclusion}`), layer `{layer}`, located."),
+    (True, False): N_("**Conclusion: {words}** (`{conclusion}`), layer `{layer}`, not located."),
+}
+EVIDENCE = (("operator", N_("operator: `{value}`")), ("setting", N_("setting: `{value}`")),
+            ("module", N_("module: `{value}`")), ("guard", N_("the guard that fails: `{value}`")))
+# the summary line of a finding: (at a user line, naming an operator, at a step)
+FINDING = {
+    (False, False, False): N_("{name}: {words} in {layer}"),
+    (True, False, False): N_("{name}: {words} in {layer} at {where}"),
+    (False, True, False): N_("{name}: {words} in {layer}, operator {operator}"),
+    (True, True, False): N_("{name}: {words} in {layer} at {where}, operator {operator}"),
+    (False, False, True): N_("{name}: {words} in {layer} (step {step})"),
+    (True, False, True): N_("{name}: {words} in {layer} at {where} (step {step})"),
+    (False, True, True): N_("{name}: {words} in {layer}, operator {operator} (step {step})"),
+    (True, True, True): N_("{name}: {words} in {layer} at {where}, operator {operator} (step {step})"),
+}
 
 REPRO_HEADER = '''"""Reproduces what `opforge graph diagnose` found: {conclusion} at step {step}.
 Run it as the original was run: python repro.py {args}
@@ -62,90 +87,102 @@ def repro_py(result: dict) -> str:
 
 def analysis_md(result: dict) -> str:
     c = result["conclusion"]
-    title = f"graph diagnose: {Path(result['script']).name}" if result.get("script") else \
-        f"graph logs: {Path(result['source']).name}"
-    lines = [f"# {title}", "",
-             f"**Conclusion: {WORDS[c]}**" + (f" (`{c}`), layer `{result['layer']}`" if c != "clean" else "")
-             + ("" if result.get("located") is None else f", {'located' if result['located'] else 'not located'}")
-             + ".", ""]
+    title = _("graph diagnose: {script}").format(script=Path(result["script"]).name) if result.get("script") else \
+        _("graph logs: {source}").format(source=Path(result["source"]).name)
+    head = _(CONCLUSION[(c != "clean", result.get("located"))]).format(words=_(WORDS[c]), conclusion=c,
+                                                                       layer=result["layer"])
+    lines = [f"# {title}", "", head, ""]
     if c != "clean":
         ev = result["evidence"]
-        lines += ["## Evidence", ""]
+        lines += ["## " + _("Evidence"), ""]
         if ev.get("exception"):
-            at = f"at step `{ev['step']}`" if ev.get("step") else "first error"
-            lines += [f"- {at}: `{ev['exception']['type']}`", "", "```", ev["exception"]["message"], "```", ""]
+            at = _("at step `{step}`: `{type}`") if ev.get("step") else _("first error: `{type}`")
+            lines += ["- " + at.format(step=ev.get("step"), type=ev["exception"]["type"]), "", "```",
+                      ev["exception"]["message"], "```", ""]
         if ev.get("user_line"):
             u = ev["user_line"]
-            lines.append(f"- your code: `{u['file']}:{u['line']}`" + (f": `{u['code']}`" if u.get("code") else ""))
-        for key, label in (("operator", "operator"), ("setting", "setting"), ("module", "module"),
-                           ("guard", "the guard that fails")):
+            where = f"{u['file']}:{u['line']}"
+            lines.append("- " + (_("your code: `{where}`: `{code}`") if u.get("code") else _("your code: `{where}`"))
+                         .format(where=where, code=u.get("code")))
+        for key, label in EVIDENCE:
             if ev.get(key):
-                lines.append(f"- {label}: `{ev[key]}`")
+                lines.append("- " + _(label).format(value=ev[key]))
         for op, tests in (ev.get("opcheck") or {}).items():
-            lines += [f"- opcheck on `{op}` (its first eager call's arguments):"]
-            lines += [f"  - `{test}` fails: {why}" for test, why in tests.items()]
+            lines += ["- " + _("opcheck on `{operator}` (its first eager call's arguments):").format(operator=op)]
+            lines += ["  - " + _("`{test}` fails: {why}").format(test=test, why=why) for test, why in tests.items()]
         if ev.get("bisect"):
             b = ev["bisect"]
-            lines.append(f"- CompilerBisector: backend `{b['backend']}`, subsystem `{b['subsystem']}`, application "
-                         f"{b['bisect_number']}: {b['debug_info']}")
+            lines.append("- " + _("CompilerBisector: backend `{backend}`, subsystem `{subsystem}`, application "
+                                  "{number}: {info}").format(backend=b["backend"], subsystem=b["subsystem"],
+                                                             number=b["bisect_number"], info=b["debug_info"]))
         if ev.get("torch_npu_source"):
             t = ev["torch_npu_source"]
-            lines.append(f"- raised in torch_npu at `{t['file']}:{t['line']}` (the learned profile)")
+            lines.append("- " + _("raised in torch_npu at `{where}` (the learned profile)").format(
+                where=f"{t['file']}:{t['line']}"))
         if ev.get("registered_at"):
             r = ev["registered_at"]
-            lines.append(f"- registered outside torch at `{r['file']}:{r['line']}`" +
-                         (f": `{r['code']}`" if r.get("code") else ""))
+            said = _("registered outside torch at `{where}`: `{code}`") if r.get("code") else \
+                _("registered outside torch at `{where}`")
+            lines.append("- " + said.format(where=f"{r['file']}:{r['line']}", code=r.get("code")))
         if ev.get("framework_frame"):
             f = ev["framework_frame"]
-            lines.append(f"- where it surfaced in torch: `{f['file']}:{f['line']}` ({f['function']})")
+            lines.append("- " + _("where it surfaced in torch: `{where}` ({function})").format(
+                where=f"{f['file']}:{f['line']}", function=f["function"]))
         if result.get("rule"):
-            lines.append(f"- signature: `{result['rule']}`")
+            lines.append("- " + _("signature: `{rule}`").format(rule=result["rule"]))
         lines.append("")
         gb = result.get("graph_break")
         if gb:
-            lines += [f"## Graph break {gb['id']}: {gb['type']}", "", gb["explanation"] or "", "",
-                      *[f"- hint: {h.strip()}" for h in gb["hints"]], ""]
+            lines += ["## " + _("Graph break {id}: {type}").format(id=gb["id"], type=gb["type"]), "",
+                      gb["explanation"] or "", "",
+                      *["- " + _("hint: {hint}").format(hint=h.strip()) for h in gb["hints"]], ""]
     lines += events_md(result.get("events") or {})
-    lines += ["## Next action", "", result["next_action"], ""]
+    lines += ["## " + _("Next action"), "", result["next_action"], ""]
     if result["steps"]:
-        lines += ["## The ladder", "", "| step | status | seconds | error |", "|---|---|---|---|"]
+        lines += ["## " + _("The ladder"), "", _("| step | status | seconds | error |"), "|---|---|---|---|"]
         for s in result["steps"]:
             err = s["exception"]["type"].rsplit(".", 1)[-1] if s.get("exception") else ""
             lines.append(f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {err} |")
-        lines += ["", "Each step ran the script in a child process; its output is in the step's log "
-                  "(`steps/`). " + ("`repro.py` reruns the failing step on its own." if c != "clean" else ""), ""]
+        lines += ["", _("Each step ran the script in a child process; its output is in the step's log (`steps/`).")
+                  + " " + (_("`repro.py` reruns the failing step on its own.") if c != "clean" else ""), ""]
     return "\n".join(lines)
 
 
 def summary_line(result: dict) -> str:
     name = Path(result.get("script") or result["source"]).name
     if result["conclusion"] == "clean":
-        return f"{name}: runs clean" + (f" ({len(result['steps'])} step)" if result["steps"] else "")
+        if result["steps"]:
+            return _("{name}: runs clean ({n} step)").format(name=name, n=len(result["steps"]))
+        return _("{name}: runs clean").format(name=name)
     where = result["evidence"].get("user_line")
-    at = f" at {Path(where['file']).name}:{where['line']}" if where else ""
-    op = f", operator {result['evidence']['operator']}" if result["evidence"].get("operator") else ""
-    step = f" (step {result['failing_step']})" if result.get("failing_step") else ""
-    return f"{name}: {WORDS[result['conclusion']]} in {result['layer']}{at}{op}{step}"
+    operator = result["evidence"].get("operator")
+    step = result.get("failing_step")
+    return _(FINDING[(bool(where), bool(operator), bool(step))]).format(
+        name=name, words=_(WORDS[result["conclusion"]]), layer=result["layer"], operator=operator, step=step,
+        where=f"{Path(where['file']).name}:{where['line']}" if where else None)
 
 
 def events_md(ev: dict, limit: int = 10) -> list[str]:
     """The log's graph breaks and recompiles, as lists (the first `limit` of each)."""
     lines = []
     if ev.get("graph_breaks"):
-        lines += [f"## Graph breaks ({len(ev['graph_breaks'])})", ""]
+        lines += ["## " + _("Graph breaks ({n})").format(n=len(ev["graph_breaks"])), ""]
         lines += [f"- `{Path(b['file']).name}:{b['line']}` {b['reason']}" + (f" ({b['gb_id']})" if b["gb_id"] else "")
                   for b in ev["graph_breaks"][:limit]] + [""]
     if ev.get("recompiles") or ev.get("recompile_limits"):
-        lines += [f"## Recompiles ({len(ev.get('recompiles', []))})", ""]
-        lines += [f"- `{r['function']}` ({Path(r['file'] or '?').name}:{r['line']}), guard failed: `{r['guard']}`"
-                  for r in ev.get("recompiles", [])[:limit]]
-        lines += [f"- **{r['limit']} ({r['value']}) reached** by `{r['function']}`: it runs eagerly from then on"
-                  for r in ev.get("recompile_limits", [])] + [""]
+        lines += ["## " + _("Recompiles ({n})").format(n=len(ev.get("recompiles", []))), ""]
+        lines += ["- " + _("`{function}` ({where}), guard failed: `{guard}`").format(
+            function=r["function"], where=f"{Path(r['file'] or '?').name}:{r['line']}", guard=r["guard"])
+            for r in ev.get("recompiles", [])[:limit]]
+        lines += ["- " + _("**{limit} ({value}) reached** by `{function}`: it runs eagerly from then on").format(
+            limit=r["limit"], value=r["value"], function=r["function"])
+            for r in ev.get("recompile_limits", [])] + [""]
     return lines
 
 
-SUMMARY_COLUMNS = ["script", "conclusion", "layer", "located", "rule", "user line", "operator or setting",
-                   "graph break", "next action", "seconds", "analysis"]
+# summary.json's keys, and summary.xlsx's headers in the chosen language
+SUMMARY_COLUMNS = [N_("script"), N_("conclusion"), N_("layer"), N_("located"), N_("rule"), N_("user line"),
+                   N_("operator or setting"), N_("graph break"), N_("next action"), N_("seconds"), N_("analysis")]
 FILLS = {"clean": "C6EFCE", "user_code": "FFEB9C", "framework_bug": "FFC7CE", "operator": "FFC7CE",
          "runtime": "FCE4D6", "environment": "DDEBF7"}
 
@@ -169,7 +206,7 @@ def write_summary(out: Path, rows: list[dict]) -> None:
     wb = Workbook()
     ws = wb.active
     ws.title = "scripts"
-    ws.append(SUMMARY_COLUMNS)
+    ws.append([_(k) for k in SUMMARY_COLUMNS])
     for c in ws[1]:
         c.font = Font(bold=True)
     for r in rows:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import _, set_language
 from opforge.workspace import check_out_folder, os_error
 
 test_triage_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
@@ -56,12 +57,15 @@ def run_command(
     shard_size: int = typer.Option(None, "--shard-size", min=1, help="tests a shard (default: two shards a "
                                                                      "worker)"),
     as_json: bool = typer.Option(False, "--json", help="print triage.json"),
+    lang: str = typer.Option(None, "--lang", help="language of triage.md, summary.xlsx and the summary line: en or "
+                                                  "zh (default: OPFORGE_LANG, else en); JSON stays English"),
 ):
     """Run the device-generic tests on a device, cluster the failures and give each cluster its root cause."""
     from opforge.skills.test_triage import report
     from opforge.skills.test_triage.triage import run
 
     try:
+        set_language(lang)
         check_out_folder(out, "the folder to write the triage in")
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +83,7 @@ def run_command(
         typer.echo(json.dumps(json.loads((out / "triage.json").read_text()), indent=1))
     else:
         typer.echo(report.summary_line(result))
-        typer.echo(f"wrote {out / 'triage.md'}")
+        typer.echo(_("wrote {path}").format(path=out / "triage.md"))
     raise typer.Exit(0 if result["failed"] == 0 else 1)
 
 

@@ -13,9 +13,31 @@ import io
 import json
 from pathlib import Path
 
+from opforge.i18n import N_, _, ngettext
 from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 CATEGORY_ORDER = ("missing_dispatch", "behaviour_mismatch", "memory", "environment", "upstream", "test_expectation")
+# rules.yaml's `why`s, for the catalog: triage.json keeps each in English, triage.md shows it in the chosen
+# language (a `why` missing here is shown as rules.yaml words it)
+WHYS = (
+    N_("the same test fails on the CPU, so the test or PyTorch's reference is at fault, not the backend"),
+    N_("an operator the test reaches has no kernel registered for the device"),
+    N_("the device's kernel refuses a dtype the CPU computes"),
+    N_("an allocation failed"),
+    N_("the test could not run here (a module, a library or the shard's process was missing)"),
+    N_("upstream expects this test to fail (an expectedFailure of the OpInfo) and on the device it passes"),
+    N_("the test's own code raised before the device's behaviour was judged"),
+    N_("the test's process died on the device (a signal from the backend's code)"),
+    N_("the test stopped making progress on the device and was killed"),
+    N_("the device's result and the fake (Meta) result differ in shape, dtype or device"),
+    N_("the device's result differs from the CPU's"),
+    N_("the operator raised on the device where the CPU computes"),
+    N_("no rule matched; the device's behaviour is the first suspect"),
+)
+# summary.xlsx's headers (its sheet keeps the name `clusters`)
+XLSX_HEAD = (N_("cluster"), N_("category"), N_("rule"), N_("operator"), N_("tests"), N_("dtypes"), N_("generic tests"),
+             N_("flaky"), N_("reruns passed"), N_("cpu twins"), N_("signature"), N_("causal frame"), N_("tests file"),
+             N_("repro"), N_("log"))
 
 
 def summary(result: dict) -> dict:
@@ -28,46 +50,61 @@ def summary(result: dict) -> dict:
     return {**{k: result[k] for k in keep}, "clusters_by_category": by_category, "clusters": result["clusters"]}
 
 
-def _n(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def markdown(result: dict) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in sorted(result["counts"].items(), key=lambda kv: -kv[1]))
-    lines = [f"# Test triage: {result['device']}", "",
-             f"{result['tests']} tests of `{Path(result['file']).name}` on `{result['device']}` ({counts}), "
-             f"run in {_n(len(result['shards']), 'shard')} by the {result['executor']} executor with "
-             f"{_n(result['workers'], 'worker')} in {result['wall_s']} s. {_n(result['failed'], 'failure')} in "
-             f"{_n(len(result['clusters']), 'cluster')}" + (f"; up to five tests of each were rerun "
-                                                             f"{_n(result['reruns'], 'time')}" if result["reruns"]
-                                                             and result["clusters"] else "") + ".", ""]
+    ran = _("{tests} tests of `{file}` on `{device}` ({counts}), run in {shards} by the {executor} executor with "
+            "{workers} in {seconds} s.").format(
+        tests=result["tests"], file=Path(result["file"]).name, device=result["device"], counts=counts,
+        shards=ngettext("{n} shard", "{n} shards", len(result["shards"])).format(n=len(result["shards"])),
+        executor=result["executor"], workers=ngettext("{n} worker", "{n} workers", result["workers"]).format(
+            n=result["workers"]), seconds=result["wall_s"])
+    failures = ngettext("{n} failure", "{n} failures", result["failed"]).format(n=result["failed"])
+    clusters = ngettext("{n} cluster", "{n} clusters", len(result["clusters"])).format(n=len(result["clusters"]))
+    if result["reruns"] and result["clusters"]:
+        found = _("{failures} in {clusters}; up to five tests of each were rerun {times}.").format(
+            failures=failures, clusters=clusters,
+            times=ngettext("{n} time", "{n} times", result["reruns"]).format(n=result["reruns"]))
+    else:
+        found = _("{failures} in {clusters}.").format(failures=failures, clusters=clusters)
+    lines = ["# " + _("Test triage: {device}").format(device=result["device"]), "", ran + " " + found, ""]
     crashed = [s for s in result["shards"] if s.get("error") or len(s["processes"]) > 1]
     for s in crashed:
         what = s["error"]["error"] if s.get("error") else \
-            f"{len(s['processes'])} processes, each in turn: " + "; ".join(s["processes"])
-        lines.append(f"- shard {s['index']}: {what} ({_n(s['tests'], 'result')} kept)")
+            _("{n} processes, each in turn: {processes}").format(n=len(s["processes"]),
+                                                                 processes="; ".join(s["processes"]))
+        lines.append("- " + _("shard {index}: {what} ({kept} kept)").format(
+            index=s["index"], what=what, kept=ngettext("{n} result", "{n} results", s["tests"]).format(n=s["tests"])))
     if crashed:
         lines.append("")
-    lines += ["| cluster | category | operator | tests | dtypes | flaky | signature |", "|---|---|---|---|---|---|---|"]
+    lines += [_("| cluster | category | operator | tests | dtypes | flaky | signature |"),
+              "|---|---|---|---|---|---|---|"]
+    yes = _("yes")
     for c in result["clusters"]:
         sig = c["signature"].replace("|", "\\|")[:120]
         lines.append(f"| [{c['id']}](#{c['id'].lower()}) | {c['category']} | {c['operator'] or ''} | {c['size']} | "
-                     f"{' '.join(c['dtypes'])} | {'yes' if c['flaky'] else ''} | {sig} |")
+                     f"{' '.join(c['dtypes'])} | {yes if c['flaky'] else ''} | {sig} |")
     for c in result["clusters"]:
         lines += ["", f"## {c['id']}", "",
-                  f"**{c['category']}** (rule `{c['rule']}`): {c['why']}.", "",
-                  f"- signature: `{c['signature']}`"]
+                  _("**{category}** (rule `{rule}`): {why}.").format(category=c["category"], rule=c["rule"],
+                                                                      why=_(c["why"])), "",
+                  "- " + _("signature: `{signature}`").format(signature=c["signature"])]
         if c["causal_frame"]:
-            lines.append(f"- causal frame: `{c['causal_frame']}`")
-        lines.append(f"- tests: {c['size']}, over {', '.join(c['generics']) or 'its file'}"
-                     + (f"; dtypes {', '.join(c['dtypes'])}" if c["dtypes"] else ""))
+            lines.append("- " + _("causal frame: `{frame}`").format(frame=c["causal_frame"]))
+        generics, dtypes = ", ".join(c["generics"]), ", ".join(c["dtypes"])
+        if generics:
+            over = _("tests: {n}, over {generics}; dtypes {dtypes}") if dtypes else _("tests: {n}, over {generics}")
+        else:
+            over = _("tests: {n}, over its file; dtypes {dtypes}") if dtypes else _("tests: {n}, over its file")
+        lines.append("- " + over.format(n=c["size"], generics=generics, dtypes=dtypes))
         if c["reruns"]:
-            lines.append(f"- reruns: {c['passed_on_rerun']} of {c['reruns']} passed"
-                         + (" (flaky: it fails only some of the time)" if c["flaky"] else ""))
+            said = _("reruns: {passed} of {reruns} passed (flaky: it fails only some of the time)") if c["flaky"] \
+                else _("reruns: {passed} of {reruns} passed")
+            lines.append("- " + said.format(passed=c["passed_on_rerun"], reruns=c["reruns"]))
         if c["cpu_twins"]:
             twins = ", ".join(f"{n} {o}" for o, n in c["cpu_twins"].items())
-            lines.append(f"- the same tests on the CPU, without the backend: {twins}")
-        lines += [f"- tests: `clusters/{c['id']}/tests.txt`", "", "```", c["message"].strip()[:600], "```"]
+            lines.append("- " + _("the same tests on the CPU, without the backend: {twins}").format(twins=twins))
+        lines += ["- " + _("tests: `{path}`").format(path=f"clusters/{c['id']}/tests.txt"), "", "```",
+                  c["message"].strip()[:600], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -78,14 +115,13 @@ def xlsx(result: dict) -> bytes:
     wb = Workbook()
     ws = wb.active
     ws.title = "clusters"
-    head = ["cluster", "category", "rule", "operator", "tests", "dtypes", "generic tests", "flaky",
-            "reruns passed", "cpu twins", "signature", "causal frame", "tests file", "repro", "log"]
+    head = [_(h) for h in XLSX_HEAD]
     ws.append(head)
     for cell in ws[1]:
         cell.font = Font(bold=True)
     for c in result["clusters"]:
         ws.append([c["id"], c["category"], c["rule"], c["operator"], c["size"], " ".join(c["dtypes"]),
-                   " ".join(c["generics"]), "yes" if c["flaky"] else "", f"{c['passed_on_rerun']}/{c['reruns']}",
+                   " ".join(c["generics"]), _("yes") if c["flaky"] else "", f"{c['passed_on_rerun']}/{c['reruns']}",
                    ", ".join(f"{n} {o}" for o, n in c["cpu_twins"].items()), c["signature"], c["causal_frame"],
                    *(f"clusters/{c['id']}/{name}" for name in ("tests.txt", "repro.py", "log.txt"))])
         for column in range(len(head) - 2, len(head) + 1):
@@ -146,5 +182,7 @@ def write(out: Path, result: dict) -> None:
 def summary_line(result: dict) -> str:
     by = summary(result)["clusters_by_category"]
     parts = ", ".join(f"{by[k]} {k}" for k in CATEGORY_ORDER if k in by)
-    return (f"{result['device']}: {result['tests']} tests, {result['failed']} failed in "
-            f"{len(result['clusters'])} clusters" + (f" ({parts})" if parts else "") + f", {result['wall_s']} s")
+    said = _("{device}: {tests} tests, {failed} failed in {clusters} clusters ({parts}), {seconds} s") if parts \
+        else _("{device}: {tests} tests, {failed} failed in {clusters} clusters, {seconds} s")
+    return said.format(device=result["device"], tests=result["tests"], failed=result["failed"],
+                       clusters=len(result["clusters"]), parts=parts, seconds=result["wall_s"])
