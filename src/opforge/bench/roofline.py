@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opforge.i18n import N_, _
+
 
 @dataclass(frozen=True)
 class Device:
@@ -24,9 +26,9 @@ class Device:
 
 H200 = Device(
     "NVIDIA H200 (SXM, 132 SMs)",
-    4245e9, "copy ceiling measured on an H200, docs/benchmarks/2026-12-04-nvidia-h200.md",
+    4245e9, N_("copy ceiling measured on an H200, docs/benchmarks/2026-12-04-nvidia-h200.md"),
     {"bfloat16": 989.5e12, "float16": 989.5e12, "float32": 66.9e12},
-    "NVIDIA H200 datasheet: dense BF16/FP16 tensor core, FP32 (CUDA cores)")
+    N_("NVIDIA H200 datasheet: dense BF16/FP16 tensor core, FP32 (CUDA cores)"))
 
 
 def ridge(device: Device, dtype: str) -> float:
@@ -44,9 +46,12 @@ def classify(flops: int, nbytes: int, dtype: str, device: Device = H200) -> dict
 
 
 def describe(device: Device = H200) -> str:
-    """One paragraph for a report: the device, its ridges and where the figures come from."""
+    """One paragraph for a report, in the current language: the device, its ridges and where the figures come
+    from."""
     ridges = ", ".join(f"{d} {ridge(device, d):.0f}" for d in ("bfloat16", "float32"))
-    return (f"Roofline on the {device.name}: bandwidth {device.bandwidth / 1e9:.0f} GB/s ({device.bandwidth_source}); "
-            f"peak flops from the {device.peak_source}; ridge (flops/byte) {ridges}. A pass below the ridge is "
-            "memory-bound and judged by its bytes against the copy ceiling, one above it by its flops against the "
-            "peak; the floor is max(flops / peak, bytes / bandwidth).")
+    return _("Roofline on the {device}: bandwidth {bandwidth:.0f} GB/s ({bandwidth_source}); peak flops from the "
+             "{peak_source}; ridge (flops/byte) {ridges}. A pass below the ridge is memory-bound and judged by its "
+             "bytes against the copy ceiling, one above it by its flops against the peak; the floor is "
+             "max(flops / peak, bytes / bandwidth).").format(
+        device=device.name, bandwidth=device.bandwidth / 1e9, bandwidth_source=_(device.bandwidth_source),
+        peak_source=_(device.peak_source), ridges=ridges)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from opforge.codegen.ops import op_name
 from opforge.codegen.plan import Unsupported
+from opforge.i18n import _, ngettext, using
 
 # op -> (kind, adaptive, backward, spatial rank)
 POOLS = {
@@ -153,14 +154,39 @@ def pool_stage(name: str, p, names: dict, result_like: dict, needed: set) -> Poo
     return PoolStage(**stage, kernel=kernel, stride=stride, padding=padding)
 
 
-def pool_text(st: PoolStage) -> str:
-    """One sentence saying what a pool stage computes, for the reports."""
-    what = f"{'adaptive ' if st.adaptive else ''}{st.kind} pooling over {st.rank} dimension{'s' * (st.rank > 1)}"
-    window = f" (kernel {st.kernel}, stride {st.stride}, padding {st.padding}" + \
-        (f", dilation {st.dilation}" if st.kind == "max" else "") + (", ceil mode" if st.ceil_mode else "") + ")" \
-        if not st.adaptive else f" to {st.output_size}" if st.output_size else ""
-    if st.backward:
-        return (f"the gradient of {what}{window}: {st.out} from {st.grad}, one lane per input element gathering "
-                "from the windows that hold it" + (" where their index names it" if st.kind == "max" else "") + ".")
-    return (f"{what}{window}: {', '.join(st.writes)} from {st.x}, one lane per output element walking its "
-            "window.")
+def pool_text(st: PoolStage, lang: str | None = "en") -> str:
+    """One sentence saying what a pool stage computes, for the reports: in `lang`, English by default (the design
+    summaries keep it in their JSON), None for the current language."""
+    with using(lang):
+        return _pool_sentence(st)
+
+
+def _pool_sentence(st: PoolStage) -> str:
+    if st.adaptive:
+        what = ngettext("adaptive max pooling over {rank} dimension", "adaptive max pooling over {rank} dimensions",
+                        st.rank) if st.kind == "max" else \
+            ngettext("adaptive avg pooling over {rank} dimension", "adaptive avg pooling over {rank} dimensions",
+                     st.rank)
+    else:
+        what = ngettext("max pooling over {rank} dimension", "max pooling over {rank} dimensions", st.rank) \
+            if st.kind == "max" else \
+            ngettext("avg pooling over {rank} dimension", "avg pooling over {rank} dimensions", st.rank)
+    what = what.format(rank=st.rank)
+    if st.adaptive:
+        window = _(" to {size}").format(size=st.output_size) if st.output_size else ""
+    elif st.kind == "max":
+        window = (_(" (kernel {kernel}, stride {stride}, padding {padding}, dilation {dilation}, ceil mode)")
+                  if st.ceil_mode else _(" (kernel {kernel}, stride {stride}, padding {padding}, dilation {dilation})"))
+    else:
+        window = (_(" (kernel {kernel}, stride {stride}, padding {padding}, ceil mode)") if st.ceil_mode
+                  else _(" (kernel {kernel}, stride {stride}, padding {padding})"))
+    window = window.format(kernel=st.kernel, stride=st.stride, padding=st.padding, dilation=st.dilation)
+    if st.backward and st.kind == "max":
+        text = _("the gradient of {what}{window}: {out} from {grad}, one lane per input element gathering from the "
+                 "windows that hold it where their index names it.")
+    elif st.backward:
+        text = _("the gradient of {what}{window}: {out} from {grad}, one lane per input element gathering from the "
+                 "windows that hold it.")
+    else:
+        text = _("{what}{window}: {writes} from {x}, one lane per output element walking its window.")
+    return text.format(what=what, window=window, out=st.out, grad=st.grad, writes=", ".join(st.writes), x=st.x)

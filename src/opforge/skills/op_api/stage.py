@@ -20,12 +20,37 @@ from opforge.codegen.ops import OP_TABLE, VIEW, op_name
 from opforge.codegen.plan import Unsupported, unsupported_ops
 from opforge.codegen.pooling import POOLS, pool_text
 from opforge.codegen.trace import kernel_names, trace_request
+from opforge.i18n import N_, _
 from opforge.request import Request
 from opforge.skills.op_api.markdown import cell
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4, "int8": 1, "bool": 1}
+
+# The words of API_REPORT.md's tables: api_report.json keeps the English, the report shows them translated.
+KINDS = {"pointwise": N_("pointwise"), "reduction": N_("reduction"), "column": N_("column"), "scan": N_("scan"),
+         "shift": N_("shift"), "constant": N_("constant"), "symbolic": N_("symbolic"), "view": N_("view"),
+         "product": N_("product"), "library": N_("library"), "pooling": N_("pooling"),
+         "unsupported": N_("unsupported")}
+GEMM_TRITON = N_("tl.dot (a GEMM stage)")
+LIBRARY_TRITON = N_("the vendor library, called through torch (a library stage)")
+POOL_TRITON = N_("windowed loads (a pooling stage; the backward gathers)")
+VIEW_TRITON = N_("strides (taken by the launcher)")
+# OP_TABLE's primitives that say something in words (codegen/ops.py); the others are code and read as they are
+PRIMITIVES = (N_("(none)"), N_("(float)"), N_("broadcast"), N_("literal"), N_("size argument"),
+              N_("product of size arguments"), N_("load at a column offset or stride"),
+              N_(".to (integers: tl.floor/tl.ceil toward zero)"), N_("tl.arange (the column index)"),
+              N_("tl.div_rn where held exact, else /"), N_("tl.sqrt_rn where held exact, else tl.sqrt"),
+              N_("tl.sqrt_rn for ±1/2, else tl.exp2/log2"), N_("tl.exp, a polynomial near 0"),
+              N_("tl.sum + atomic_add | ordered partials"), N_("tl.max + atomic_max | ordered partials"),
+              N_("tl.min + atomic_min | ordered partials"), N_("tl.max, tl.min over columns (the first, NaN first)"),
+              N_("tl.min, tl.min over columns (the first, NaN first)"), N_("tl.reduce(_mul) over columns"),
+              N_("tl.where over a column range or stride"), N_("tl.where over column ranges"),
+              N_("tl.where over interleaved columns"))
+PASSES = {"forward": N_("forward"), "backward": N_("backward")}
+BOUNDS = {"compute": N_("compute"), "memory": N_("memory")}
+NO_LOWERING = "no Triton lowering for"  # api_report.json's unsupported_reason when an op has no lowering
 
 
 def _input_bytes(req: Request, name: str, eb: int) -> int:
@@ -44,14 +69,14 @@ def _op_rows(traced) -> list[dict]:
     for op in sorted(set(fwd) | set(bwd)):
         rule = OP_TABLE.get(op)
         if rule is None and op in PRODUCTS:
-            kind, triton, exact = "product", "tl.dot (a GEMM stage)", False
+            kind, triton, exact = "product", GEMM_TRITON, False
         elif rule is None and op in LIBRARY:
-            kind, triton, exact = "library", "the vendor library, called through torch (a library stage)", False
+            kind, triton, exact = "library", LIBRARY_TRITON, False
         elif rule is None and op in POOLS:
-            kind, triton, exact = "pooling", "windowed loads (a pooling stage; the backward gathers)", \
+            kind, triton, exact = "pooling", POOL_TRITON, \
                 POOLS[op][0] == "max" and not POOLS[op][2]
         elif rule is None and op in HOST_VIEWS:
-            kind, triton, exact = "view", "strides (taken by the launcher)", True
+            kind, triton, exact = "view", VIEW_TRITON, True
         else:
             kind, triton, exact = (rule.kind, rule.primitive, rule.exact) if rule else ("unsupported", "—", None)
         rows.append({"op": op, "forward": fwd.get(op, 0), "joint": bwd.get(op, 0), "kind": kind, "triton": triton,
@@ -95,7 +120,7 @@ def _staged_bytes(plan, gm, req, binding, eb: int) -> int:
     views = {s.target: s for s in plan.steps if isinstance(s, HostView)}
     indices = {st.indices for st in plan.pools if st.indices}  # max pooling's positions: int64
     total = 0
-    for name, _ in plan.moves():
+    for name, _rw in plan.moves():
         base = name
         while base in views:  # a view moves the bytes of what it views
             base = views[base].args[0]
@@ -176,108 +201,136 @@ def _layout_notes(build) -> list[str]:
     rows = [k for p in (build.forward, build.backward) if p is not None and p.layout == "rows"
             for k in kernels_of(p)]
     why = [w for p in (build.forward, build.backward) if p is not None for w in p.why]
-    out = ["## Constraints", "",
-           "- Shapes are run-time arguments; offsets are int64, so tensors past 2³¹ elements index correctly.",
-           "- Loads are upcast to float32, stores round to the output dtype (round-to-nearest-even).",
-           "- Inputs are made contiguous at launch (a no-op for contiguous tensors)."]
+    out = ["## " + _("Constraints"), "",
+           "- " + _("Shapes are run-time arguments; offsets are int64, so tensors past 2³¹ elements index correctly."),
+           "- " + _("Loads are upcast to float32, stores round to the output dtype (round-to-nearest-even)."),
+           "- " + _("Inputs are made contiguous at launch (a no-op for contiguous tensors).")]
     if not rows:
-        out += ["- Every tensor is either the full operand (one element per output position) or a per-tensor "
-                "scalar, walked as one flat range.", "", "## Tiling", "",
-                "- One program per `BLOCK` = 1024 contiguous elements (4 warps): memory-bound work wants wide, "
-                "coalesced, vectorised accesses and enough programs to fill the device.",
-                "- Reductions: a block-local `tl.sum`, then across blocks atomics into float32 accumulators or, "
-                "with `deterministic=True`, one partial per program summed in program order by the last program.",
+        out += ["- " + _("Every tensor is either the full operand (one element per output position) or a per-tensor "
+                         "scalar, walked as one flat range."), "", "## " + _("Tiling"), "",
+                "- " + _("One program per `BLOCK` = 1024 contiguous elements (4 warps): memory-bound work wants "
+                         "wide, coalesced, vectorised accesses and enough programs to fill the device."),
+                "- " + _("Reductions: a block-local `tl.sum`, then across blocks atomics into float32 accumulators "
+                         "or, with `deterministic=True`, one partial per program summed in program order by the last "
+                         "program."),
                 ""]
         return out
     for p in rows:
-        maps = ", ".join(f"{a.name} ({a.layout})" for a in p.inputs)
-        out.append(f"- {p.name}: iteration space {p.n_rows} rows × {p.n_cols} columns; inputs {maps}; "
-                   f"{p.phases} row-reduction phase(s).")
-    out += ["", "## Tiling", "",
-            "- Row kernel: a program owns BLOCK_R rows; BLOCK_C = next_pow2(columns) up to 65536, BLOCK_R fills "
-            "4096 elements. Short rows are processed many per program.",
-            "- A row that fits one chunk is persistent: each input is read once and reduced in registers, so the "
-            "minimum bytes below are what the kernel moves. A longer row is walked once per phase (plus the final "
-            "walk); those extra reads hit L2 when BLOCK_R rows fit it, and the `row_passes` column of "
-            "api_report.json says how many walks there are.",
-            "- Column reductions (a norm's weight gradient): the row kernel runs about one program per SM, each "
-            "summing its rows per column in registers and storing one float32 row of partials; a second kernel "
-            "adds those rows in program order (the same bits every run) and stores the column outputs.",
-            "- Full reductions (a loss) are summed per program, then across programs by atomics, or, with "
-            "`deterministic=True`, by the last program in program order."]
-    if why:
-        out += ["- More than one kernel in a pass, because a value needs finished reductions for every row "
-                "(they are handed over in float32 buffers):", *[f"  - {w}" for w in why]]
+        maps = ", ".join(_("{name} ({layout})").format(name=a.name, layout=a.layout) for a in p.inputs)
+        out.append("- " + _("{kernel}: iteration space {rows} rows × {columns} columns; inputs {inputs}; {phases} "
+                            "row-reduction phase(s).").format(kernel=p.name, rows=p.n_rows, columns=p.n_cols,
+                                                             inputs=maps, phases=p.phases))
+    out += ["", "## " + _("Tiling"), "",
+            "- " + _("Row kernel: a program owns BLOCK_R rows; BLOCK_C = next_pow2(columns) up to 65536, BLOCK_R "
+                     "fills 4096 elements. Short rows are processed many per program."),
+            "- " + _("A row that fits one chunk is persistent: each input is read once and reduced in registers, so "
+                     "the minimum bytes below are what the kernel moves. A longer row is walked once per phase (plus "
+                     "the final walk); those extra reads hit L2 when BLOCK_R rows fit it, and the `row_passes` column "
+                     "of api_report.json says how many walks there are."),
+            "- " + _("Column reductions (a norm's weight gradient): the row kernel runs about one program per SM, "
+                     "each summing its rows per column in registers and storing one float32 row of partials; a second "
+                     "kernel adds those rows in program order (the same bits every run) and stores the column "
+                     "outputs."),
+            "- " + _("Full reductions (a loss) are summed per program, then across programs by atomics, or, with "
+                     "`deterministic=True`, by the last program in program order.")]
+    if why:  # the planner's reasons, in its words
+        out += ["- " + _("More than one kernel in a pass, because a value needs finished reductions for every row "
+                         "(they are handed over in float32 buffers):"), *[f"  - {w}" for w in why]]
     else:
-        out.append("- One kernel per pass: no value needs a finished column or full reduction for every row.")
+        out.append("- " + _("One kernel per pass: no value needs a finished column or full reduction for every row."))
     out.append("")
     return out
 
 
+def _gemm_note(st) -> str:
+    """One bullet: what a GEMM stage multiplies, what it computes on its tiles, what it stores."""
+    steps = "".join(_(", {side} computed on its tiles from {values}").format(
+        side=side.upper(), values=", ".join(p.loads + p.scalars)) for side, p in st.prologues.items())
+    if st.epilogue:
+        steps += _(", then {n} fused statements on the tile").format(n=len(st.epilogue.body))
+    if st.rows:
+        steps += _(", then {kernel}'s row work on the tile where it holds whole rows (up to GEMM_ROWS_N columns; "
+                   "wider products are stored for its row kernel)").format(kernel=st.rows.plan.name)
+    text = _("{name}: batched product {node} = {a} · {b}{steps}; stores {writes}.") if st.batched else \
+        _("{name}: product {node} = {a} · {b}{steps}; stores {writes}.")
+    return "- " + text.format(name=st.name, node=st.node, a=st.a, b=st.b, steps=steps, writes=", ".join(st.writes))
+
+
 def _staged_notes(plans: list) -> list[str]:
     """Constraints and tiling of passes cut at their matrix products."""
-    out = ["## Constraints", "",
-           "- Shapes are run-time arguments; GEMM row and column indices are int64, so strides times indices "
-           "cannot wrap past 2³¹.",
-           "- Products accumulate in float32 (`tl.dot`); 16-bit operands multiply on the tensor cores in their "
-           "dtype, a float32 operator's in IEEE float32; values handed between stages are float32 buffers.",
-           "- Operands and outputs are read through their strides: transposes, permutes, views and broadcasts "
-           "around a product are views the launcher takes, never copies.", "", "## Tiling", ""]
+    out = ["## " + _("Constraints"), "",
+           "- " + _("Shapes are run-time arguments; GEMM row and column indices are int64, so strides times indices "
+                    "cannot wrap past 2³¹."),
+           "- " + _("Products accumulate in float32 (`tl.dot`); 16-bit operands multiply on the tensor cores in "
+                    "their dtype, a float32 operator's in IEEE float32; values handed between stages are float32 "
+                    "buffers."),
+           "- " + _("Operands and outputs are read through their strides: transposes, permutes, views and "
+                    "broadcasts around a product are views the launcher takes, never copies."),
+           "", "## " + _("Tiling"), ""]
     for p in plans:
-        for st in p.gemms:
-            what = "batched product" if st.batched else "product"
-            epi = f", then {len(st.epilogue.body)} fused statements on the tile" if st.epilogue else ""
-            epi += (f", then {st.rows.plan.name}'s row work on the tile where it holds whole rows (up to "
-                    "GEMM_ROWS_N columns; wider products are stored for its row kernel)") if st.rows else ""
-            pro = "".join(f", {side.upper()} computed on its tiles from {', '.join(p.loads + p.scalars)}"
-                          for side, p in st.prologues.items())
-            out.append(f"- {st.name}: {what} {st.node} = {st.a} · {st.b}{pro}{epi}; stores {', '.join(st.writes)}.")
+        out += [_gemm_note(st) for st in p.gemms]
         for st in p.attentions:
             if isinstance(st, AttentionBackwardStage):
-                out.append(f"- {st.name}: attention backward, {', '.join(st.writes)} from {st.q}, {st.k}, {st.v} and "
-                           f"{st.grad}: per 64 queries, a walk over the keys for the log-sum-exp and Δ = Σ P·dP, a "
-                           "second for dQ; per 64 keys of a K/V head, a walk over the queries of its heads for dK "
-                           "and dV" + ("; the sinks' gradient per head" if st.dsinks else "")
-                           + ". Probabilities are recomputed tile by tile; the scores are never written.")
+                text = _("{name}: attention backward, {writes} from {q}, {k}, {v} and {grad}: per 64 queries, a walk "
+                         "over the keys for the log-sum-exp and Δ = Σ P·dP, a second for dQ; per 64 keys of a K/V "
+                         "head, a walk over the queries of its heads for dK and dV; the sinks' gradient per head. "
+                         "Probabilities are recomputed tile by tile; the scores are never written.") if st.dsinks \
+                    else _("{name}: attention backward, {writes} from {q}, {k}, {v} and {grad}: per 64 queries, a "
+                           "walk over the keys for the log-sum-exp and Δ = Σ P·dP, a second for dQ; per 64 keys of a "
+                           "K/V head, a walk over the queries of its heads for dK and dV. Probabilities are "
+                           "recomputed tile by tile; the scores are never written.")
+                out.append("- " + text.format(name=st.name, writes=", ".join(st.writes), q=st.q, k=st.k, v=st.v,
+                                              grad=st.grad))
                 continue
-            out.append(f"- {st.name}: attention {st.node} = softmax(score({st.q}·{st.k}ᵀ))·{st.v}, one program per "
-                       "64 queries of a (batch, head), keys walked 64 at a time with an online softmax; the scores "
-                       "are never written.")
+            out.append("- " + _("{name}: attention {node} = softmax(score({q}·{k}ᵀ))·{v}, one program per 64 queries "
+                                "of a (batch, head), keys walked 64 at a time with an online softmax; the scores are "
+                                "never written.").format(name=st.name, node=st.node, q=st.q, k=st.k, v=st.v))
         for st in p.libraries:
-            out.append(f"- {st.name}: {st.op.split('.')[1].replace('_', ' ')} by the vendor library (torch.ops."
-                       f"{st.op}); reads {', '.join(st.reads)}, writes {', '.join(st.writes)} in the op's dtype.")
+            out.append("- " + _("{name}: {what} by the vendor library (torch.ops.{op}); reads {reads}, writes "
+                                "{writes} in the op's dtype.").format(
+                name=st.name, what=st.op.split('.')[1].replace('_', ' '), op=st.op, reads=", ".join(st.reads),
+                writes=", ".join(st.writes)))
         for st in p.pools:
-            out.append(f"- {st.name}: {pool_text(st)}")
+            out.append("- " + _("{name}: {pooling}").format(name=st.name, pooling=pool_text(st, None)))
         for g in p.glue:
-            out.append(f"- {g.name}: glue between products, a {g.layout} plan.")
-    out += ["- A GEMM program owns a BLOCK_M × BLOCK_N = 128 × 128 tile and walks K in BLOCK_K = 32 steps "
-            "(8 warps, 3 pipeline stages); programs run in groups of GROUP_M = 8 tile rows, which share B's "
-            "columns in L2.", ""]
+            out.append("- " + _("{name}: glue between products, a {layout} plan.").format(name=g.name,
+                                                                                         layout=g.layout))
+    out += ["- " + _("A GEMM program owns a BLOCK_M × BLOCK_N = 128 × 128 tile and walks K in BLOCK_K = 32 steps "
+                     "(8 warps, 3 pipeline stages); programs run in groups of GROUP_M = 8 tile rows, which share B's "
+                     "columns in L2."), ""]
     return out
 
 
+def _triton(text: str) -> str:
+    """A Triton column's cell in the report's language: the words of the lowering translated, code as it is."""
+    return _(text) if text in PRIMITIVES or text in (GEMM_TRITON, LIBRARY_TRITON, POOL_TRITON, VIEW_TRITON) else text
+
+
 def _md(req, rows, unsupported, why, cost, build) -> str:
-    lines = [f"# API report: {req.name}", "", "## ATen ops → Triton", "",
-             "| ATen op | forward | joint fwd+bwd | kind | Triton | bit-exact |", "|---|---|---|---|---|---|"]
+    lines = ["# " + _("API report: {name}").format(name=req.name), "", "## " + _("ATen ops → Triton"), "",
+             _("| ATen op | forward | joint fwd+bwd | kind | Triton | bit-exact |"), "|---|---|---|---|---|---|"]
     for r in rows:
-        ex = "—" if r["exact"] is None else ("yes" if r["exact"] else "no")
-        lines.append(f"| `{cell(r['op'])}` | {r['forward']} | {r['joint']} | {r['kind']} | {cell(r['triton'])} | "
+        ex = "—" if r["exact"] is None else (_("yes") if r["exact"] else _("no"))
+        kind = _(KINDS[r["kind"]]) if r["kind"] in KINDS else r["kind"]
+        lines.append(f"| `{cell(r['op'])}` | {r['forward']} | {r['joint']} | {kind} | {cell(_triton(r['triton']))} | "
                      f"{ex} |")
     lines.append("")
     if unsupported:
-        lines += ["## Unsupported", "", why + ":", "", *[f"- `{op}`" for op in unsupported], "",
-                  "The deterministic engine cannot fuse this request; the run stops as BLOCKED_API.", ""]
+        # the planner's reason stays in its words; the engine's own is translated
+        reason = _("no Triton lowering for:") if why == NO_LOWERING else why + ":"
+        lines += ["## " + _("Unsupported"), "", reason, "", *[f"- `{op}`" for op in unsupported], "",
+                  _("The deterministic engine cannot fuse this request; the run stops as BLOCKED_API."), ""]
         return "\n".join(lines)
     lines += _layout_notes(build)
-    lines += ["## Cost model", "",
-              "Minimum bytes = each input read once + each output written once. Eager = the ATen kernels eager "
-              "PyTorch dispatches for the reference (seen by a TorchDispatchMode, so softmax is one `_softmax`, "
-              "not its decomposition; views and allocations launch none), each reading its inputs and writing "
-              "its outputs once.", "",
-              "Fused launches count every device event: kernels, and the memsets that zero the buffers where "
-              "programs meet.", "",
-              "| shape | dtype | pass | fused launches (memsets) | fused bytes | eager kernels | eager bytes | "
-              "eager/fused bytes | flops | flops/byte | bound | floor µs |",
+    lines += ["## " + _("Cost model"), "",
+              _("Minimum bytes = each input read once + each output written once. Eager = the ATen kernels eager "
+                "PyTorch dispatches for the reference (seen by a TorchDispatchMode, so softmax is one `_softmax`, "
+                "not its decomposition; views and allocations launch none), each reading its inputs and writing "
+                "its outputs once."), "",
+              _("Fused launches count every device event: kernels, and the memsets that zero the buffers where "
+                "programs meet."), "",
+              _("| shape | dtype | pass | fused launches (memsets) | fused bytes | eager kernels | eager bytes | "
+                "eager/fused bytes | flops | flops/byte | bound | floor µs |"),
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cost:
         for p in ("forward", "backward"):
@@ -285,22 +338,25 @@ def _md(req, rows, unsupported, why, cost, build) -> str:
                 continue
             x = c[p]
             launches = f"{x['fused_kernels']} ({x.get('fused_memsets', 0)})"
-            lines.append(f"| {c['binding']} | {c['dtype']} | {p} | {launches} | {x['fused_bytes']:,} | "
+            bound = x['roofline']['bound']
+            bound = _(BOUNDS[bound]) if bound in BOUNDS else bound
+            lines.append(f"| {c['binding']} | {c['dtype']} | {_(PASSES[p])} | {launches} | {x['fused_bytes']:,} | "
                          f"{x['eager_kernels']} | {x['eager_bytes']:,} | {x['eager_bytes'] / x['fused_bytes']:.1f}× | "
-                         f"{x['flops']:,} | {x['arithmetic_intensity']} | {x['roofline']['bound']} | "
+                         f"{x['flops']:,} | {x['arithmetic_intensity']} | {bound} | "
                          f"{x['roofline']['floor_us']} |")
     if cost:
         c = cost[0]
-        lines += ["", f"Eager kernels at {c['binding']}, {c['dtype']}:", ""]
-        lines += [f"- {p}: " + (", ".join(f"`{op}`" for op in c[p]["eager_ops"]) or "none")
+        lines += ["", _("Eager kernels at {shape}, {dtype}:").format(shape=c["binding"], dtype=c["dtype"]), ""]
+        lines += [f"- {_(PASSES[p])}: " + (", ".join(f"`{op}`" for op in c[p]["eager_ops"]) or _("none"))
                   for p in ("forward", "backward") if p in c]
     lines += ["", describe(), ""]
-    compute = sorted({f"{c['dtype']} {p}" for c in cost for p in ("forward", "backward")
+    compute = sorted({(c["dtype"], p) for c in cost for p in ("forward", "backward")
                       if p in c and c[p]["roofline"]["bound"] == "compute"})
-    lines += [("Compute-bound at these shapes: " + ", ".join(compute) + ": the products' tensor-core throughput is "
-               "the figure of merit, not bandwidth.") if compute else
-              "Every pass is memory-bound at these shapes: the fused kernels' figure of merit is bandwidth against "
-              "the device's copy ceiling.", ""]
+    passes = ", ".join(f"{dt} {_(PASSES[p])}" for dt, p in compute)
+    lines += [_("Compute-bound at these shapes: {passes}: the products' tensor-core throughput is the figure of "
+                "merit, not bandwidth.").format(passes=passes) if compute else
+              _("Every pass is memory-bound at these shapes: the fused kernels' figure of merit is bandwidth against "
+                "the device's copy ceiling."), ""]
     return "\n".join(lines)
 
 
@@ -314,7 +370,7 @@ def explore(req: Request, traced=None, with_cost: bool = True, with_ops: bool = 
     backward = traced.backward_graph if req.backward else None
     graphs = [traced.forward] + ([backward] if backward is not None else [])
     unsupported = sorted({op for g in graphs for op in unsupported_ops(g.graph)})
-    why = "no Triton lowering for"
+    why = NO_LOWERING
     build = None
     if not unsupported:
         try:
