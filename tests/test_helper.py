@@ -118,6 +118,21 @@ def test_an_answer_cites_and_runs_and_a_question_without_support_is_refused(buil
     assert not made_up["supported"] and made_up["unknown"] == ["torch.library.register_quantum_kernel"]
 
 
+def test_the_answer_reads_in_chinese_with_lang_zh_citing_the_same_lines(built):
+    path, _ = built
+    question = ["helper", "ask", "How do I give the PrivateUse1 backend its own device name?", "--index", str(path)]
+    en = runner.invoke(app, [*question, "--lang", "en"]).output
+    zh = runner.invoke(app, [*question, "--lang", "zh"]).output
+    cited = [line for line in en.splitlines() if line.startswith("  [")]
+    assert cited and cited == [line for line in zh.splitlines() if line.startswith("  [")]
+    assert "See also" in en and "See also" not in zh and "另见" in zh
+    refused = runner.invoke(app, ["helper", "ask", "What temperature should sourdough bread bake at?", "--index",
+                                  str(path), "--lang", "zh"]).output
+    assert "没有可以回答这个问题的依据" in refused
+    as_json = json.loads(runner.invoke(app, [*question, "--lang", "zh", "--json"]).output)
+    assert "See also" in as_json["answer"]  # JSON stays English
+
+
 @pytest.mark.parametrize("args, where", [
     (["ask", "x", "--index", "{tmp}/none.sqlite"], "none.sqlite"),
     (["ask", "x", "--index", "{tmp}/corrupt.sqlite"], "corrupt.sqlite"),

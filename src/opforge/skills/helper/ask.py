@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from opforge.i18n import _
 from opforge.skills.helper.chunks import module_name
 from opforge.skills.helper.index import WEIGHTS
 
@@ -133,7 +134,7 @@ _COLUMNS = "c.corpus, c.path, c.line, c.end_line, c.symbol, c.kind, c.text, c.su
 def _made_up(db: sqlite3.Connection, ident: str) -> bool:
     """A torch or torch_npu API the question names that no source defines: `torch.npu.flux_capacitor_sync`.
     Only a many-word name counts: `torch.mydev` is how users write their own device's module."""
-    root, _, last = ident.partition(".")
+    root, _dot, last = ident.partition(".")
     if root not in ("torch", "torch_npu") or "_" not in last.rsplit(".", 1)[-1].strip("_"):
         return False
     name = last.rsplit(".", 1)[-1].lower()
@@ -222,7 +223,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         c.score = round(scored[i], 3)
         citations.append(c)
     best = coverage(ranked[0]) if ranked else 0.0
-    unknown = [i for i, _ in named if _made_up(db, i)]
+    unknown = [i for i, _sure in named if _made_up(db, i)]
     supported = bool(ranked) and not unknown and (bonus.get(ranked[0], 0.0) >= SURE * top or best >= SUPPORT)
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
             "unknown": unknown,
@@ -235,21 +236,22 @@ def answer_text(found: dict) -> str:
     lines = []
     if found["route"]:
         r = found["route"]
-        lines.append(f"This looks like an error for {r['skill']} ({r['why']}). Run: `{r['command']}`")
+        lines.append(_("This looks like an error for {skill} ({why}). Run: `{command}`").format(
+            skill=r["skill"], why=r["why"], command=r["command"]))
     if found.get("unknown"):
-        lines.append(f"No indexed source defines {', '.join(f'`{u}`' for u in found['unknown'])}: nothing "
-                     "supports an answer to this question.")
+        lines.append(_("No indexed source defines {names}: nothing supports an answer to this question.").format(
+            names=", ".join(f"`{u}`" for u in found["unknown"])))
         return "\n".join(lines)
     if not found["supported"]:
-        lines.append("Nothing in the indexed sources supports an answer to this question"
-                     + (f" (the best passage holds {found['coverage']:.0%} of its key words)." if found["words"]
-                        else "."))
+        lines.append(_("Nothing in the indexed sources supports an answer to this question (the best passage holds "
+                       "{coverage:.0%} of its key words).").format(coverage=found["coverage"]) if found["words"]
+                     else _("Nothing in the indexed sources supports an answer to this question."))
         return "\n".join(lines)
     best, *more = found["citations"]
-    lines.append(f"`{best['symbol']}` ({best['corpus']}: {best['path']}:{best['line']})"
-                 + (f": {best['summary']}" if best["summary"] else "."))
+    where = "`{symbol}` ({corpus}: {path}:{line})"
+    lines.append(where.format(**best) + (f": {best['summary']}" if best["summary"] else "."))
     for c in more[:2]:
-        lines.append(f"See also `{c['symbol']}` ({c['corpus']}: {c['path']}:{c['line']})"
+        lines.append(_("See also {where}").format(where=where.format(**c))
                      + (f": {c['summary'][:200]}" if c["summary"] else "."))
     return "\n".join(lines)
 

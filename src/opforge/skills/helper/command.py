@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from opforge.errors import InputError, report_error
+from opforge.i18n import _, set_language
 
 helper_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                          help="helper: answers from torch, torch-npu and opforge sources, with citations")
@@ -92,6 +93,8 @@ def ask_command(
                                                               "(default: $OPFORGE_LLM_CONFIG or ./opforge-llm.yaml "
                                                               "where one exists)"),
     no_model: bool = typer.Option(False, "--no-model", help="answer from the passages alone, even with a model"),
+    lang: str = typer.Option(None, "--lang", help="the answer's language: en | zh (default: OPFORGE_LANG, else en; "
+                                                  "--json is English)"),
     as_json: bool = typer.Option(False, "--json", help="print answer and citations as JSON"),
 ):
     """Answer from the indexed sources, citing file and line; says so when nothing supports an answer."""
@@ -99,6 +102,7 @@ def ask_command(
     from opforge.skills.helper import ask, grounded, index
 
     try:
+        set_language("en" if as_json else lang)
         cfg = None if no_model else load_config(llm_config, required=bool(llm_config))
         db = index.open_index(index_path or index.default_path())
         wanted = [c.strip() for c in corpus.split(",") if c.strip()]
@@ -123,12 +127,12 @@ def ask_command(
         typer.echo(json.dumps(found, indent=1))
         return
     if "error" in found.get("model", {}):
-        typer.echo(f"(the model's answer was set aside: {found['model']['error']})")
+        typer.echo(_("(the model's answer was set aside: {error})").format(error=found["model"]["error"]))
     typer.echo(found["answer"])
     for n, c in enumerate(found["citations"], 1):
         typer.echo(f"  [{n}] {c['corpus']}: {c['path']}:{c['line']}  {c['symbol']}")
     if run:
-        typer.echo(f"\n$ python -c <the answer's code>\n{found['run']['output'].rstrip()}")
+        typer.echo("\n" + _("$ python -c <the answer's code>") + "\n" + found["run"]["output"].rstrip())
 
 
 @helper_app.command("eval")

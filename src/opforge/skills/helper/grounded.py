@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from opforge.i18n import _, language
 from opforge.llm.config import LlmConfig
 from opforge.llm.providers import LlmError, open_conversation
 
@@ -17,6 +18,8 @@ Name files and lines as the passages give them. Keep the answer short: a few sen
 a code snippet taken from or directly built on a passage. If no passage supports an answer, reply exactly
 NO SUPPORT and nothing more."""
 REFUSAL = "NO SUPPORT"
+WRITE_IN = {"zh": "Write the answer in Simplified Chinese; keep code, names, files and the passage numbers as they "
+                  "are."}
 
 
 def prompt(question: str, citations: list[dict]) -> str:
@@ -30,14 +33,14 @@ def prompt(question: str, citations: list[dict]) -> str:
 
 def answer(cfg: LlmConfig, question: str, citations: list[dict]) -> dict:
     """{"answer", "cited": [n...], "refused"} from the model, or {"error"} when its answer is not grounded."""
-    conv = open_conversation(cfg, SYSTEM)
+    conv = open_conversation(cfg, " ".join([SYSTEM, WRITE_IN.get(language(), "")]).strip())
     conv.add_user(prompt(question, citations))
     try:
         text = conv.send([]).text.strip()
     except LlmError as exc:
         return {"error": f"the model failed: {exc}"}
     if text.startswith(REFUSAL):
-        return {"answer": "The model found no support for an answer in the retrieved passages.", "cited": [],
+        return {"answer": _("The model found no support for an answer in the retrieved passages."), "cited": [],
                 "refused": True}
     cited = sorted({int(n) for n in re.findall(r"\[(\d+)\]", text)})
     if not cited:
