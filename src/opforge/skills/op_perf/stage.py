@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 import torch
@@ -18,14 +19,16 @@ from opforge.bench.harness import StaleOutputError, copy_ceiling
 from opforge.bench.opbench import COMPILE_MODES, OpCase, bench_case, figures
 from opforge.bench.roofline import classify, describe
 from opforge.bench.timing import device_name
+from opforge.i18n import N_, _, ngettext
 from opforge.request import Request
 from opforge.skills.op_develop.stage import render_readme
 from opforge.verify.tolerance import parse_dtype
 from opforge.workspace import StageOutcome, Workspace, load_module
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
 
-NO_KERNEL_TIMING = ("kernel timing needs an accelerator: on this CPU the fused kernel runs in Triton's "
-                    "interpreter, whose times measure Python, so only the reference paths are timed")
+NO_KERNEL_TIMING = N_("kernel timing needs an accelerator: on this CPU the fused kernel runs in Triton's "
+                      "interpreter, whose times measure Python, so only the reference paths are timed")
+NO_TUNING = N_("autotuning runs on an accelerator")
 
 
 def _load(ws: Workspace, name: str):
@@ -56,7 +59,7 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
     state.perf.update(rounds=0, history=[], best=None, last_improvement=None, rounds_without_gain=0)
     impl = _load(ws, f"{req.name}_impl") if gpu else None
     ceiling = copy_ceiling(device) if gpu else None
-    tuning = {"rounds": 0, "history": [], "shapes": [], "reason": "autotuning runs on an accelerator"}
+    tuning = {"rounds": 0, "history": [], "shapes": [], "reason": NO_TUNING}
     if gpu:
         from opforge.skills.op_perf.tune import tune
 
@@ -99,10 +102,10 @@ def _run(ws: Workspace, req: Request, state, progress=None) -> StageOutcome:
             "copy_ceiling": ceiling, "compile_modes": COMPILE_MODES,
             "baselines": ["eager", "compile_default"] + (["compile_max_autotune"] if gpu else []),
             "rows": rows, "tuning": tuning, "headline": headline, "compiled": _compiled(compiled, spec),
-            "quick": quick}
+            "quick": quick, "perf_target": dict(req.perf_target)}
     write_json_atomic(ws.path("perf.json"), perf)
     _plot(ws, rows, ceiling)
-    write_text_atomic(ws.path("PERF.md"), _md(req, perf))
+    write_text_atomic(ws.path("PERF.md"), render_perf(perf))
     precision = json.loads(ws.path("precision.json").read_text()) if ws.path("precision.json").exists() else None
     write_text_atomic(ws.path("README.md"), render_readme(req, spec, precision, perf))
     artifacts = ["PERF.md", "perf.json", "perf.png", "README.md"]
@@ -164,60 +167,104 @@ def _ms(t: dict | None) -> str:
     if not t:
         return "—"
     if _samples(t) == 1:
-        return f"{_sig(t['median_ms'], 4)} (one sample)"
+        return _("{median} (one sample)").format(median=_sig(t["median_ms"], 4))
     return f"{_sig(t['median_ms'], 4)} ± {_sig(t['iqr_ms'], 2)}"
 
 
-TARGET_LABELS = {"speedup_vs_eager": "speedup over eager"}  # a perf_target key is also its figure's name
+TARGET_LABELS = {"speedup_vs_eager": N_("speedup over eager")}  # a perf_target key is also its figure's name
+
+# perf.json's words for a pass, a bound, a tuning objective and status, as a report shows them ("+" joins the
+# passes of one timed call; the table of speedups spells forward_backward with a space)
+PASS_LABELS = {"forward": N_("forward"), "backward": N_("backward"), "forward+backward": N_("forward+backward"),
+               "forward backward": N_("forward backward"), "backward derived": N_("backward derived")}
+BOUND_LABELS = {"memory": N_("memory"), "compute": N_("compute")}
+OBJECTIVE_LABELS = {"fused forward": N_("fused forward"), "fused forward+backward": N_("fused forward+backward")}
+STATUS_LABELS = {"measured": N_("measured"), "rejected": N_("rejected")}
+STOP_LABELS = {"search space exhausted": N_("search space exhausted"), "perf target reached": N_("perf target reached")}
+_STOP_ROUNDS = re.compile(r"(\d+) rounds( without gain)?")
 
 
-def _target_lines(req: Request, perf: dict) -> list[str]:
+def _label(labels: dict, key: str) -> str:
+    """`key` in the current language where it is one of `labels`' words, else as perf.json has it."""
+    return _(labels[key]) if key in labels else key
+
+
+def _pass(p: str, sep: str) -> str:
+    return _label(PASS_LABELS, p.replace("_", sep))
+
+
+def _stop(text: str) -> str:
+    """Why a shape's search stopped (bench.tuning's words), in the current language."""
+    m = _STOP_ROUNDS.fullmatch(text)
+    if m is None:
+        return _label(STOP_LABELS, text)
+    n = int(m.group(1))
+    if m.group(2):
+        return ngettext("{n} round without gain", "{n} rounds without gain", n).format(n=n)
+    return ngettext("{n} round", "{n} rounds", n).format(n=n)
+
+
+def _target_lines(perf: dict) -> list[str]:
     """The request's perf_target, and per shape and dtype what was measured against it ("not measured" where
     nothing was: on a CPU the fused kernel is not timed)."""
-    lines = ["## Target", ""]
-    if not req.perf_target:
-        return lines + ["The request sets no `perf_target`.", ""]
-    for figure, value in req.perf_target.items():
-        lines.append(f"Request: `perf_target.{figure}` = {value:g} ({TARGET_LABELS.get(figure, figure)} ≥ "
-                     f"{value:g}×).")
+    lines = [_("## Target"), ""]
+    if not perf.get("perf_target"):
+        return lines + [_("The request sets no `perf_target`."), ""]
+    for figure, value in perf["perf_target"].items():
+        lines.append(_("Request: `perf_target.{figure}` = {value:g} ({label} ≥ {value:g}×).").format(
+            figure=figure, value=value, label=_label(TARGET_LABELS, figure)))
         if perf["kernel_timing"]:
-            lines += ["", "Measured: **not measured**: kernel timing needs an accelerator, and this run had none "
-                          f"(device {perf['device']}; see the note above).", ""]
+            lines += ["", _("Measured: **not measured**: kernel timing needs an accelerator, and this run had none "
+                            "(device {device}; see the note above).").format(device=perf["device"]), ""]
             continue
-        lines += ["", "| shape | dtype | pass | measured | target met |", "|---|---|---|---|---|"]
+        lines += ["", _("| shape | dtype | pass | measured | target met |"), "|---|---|---|---|---|"]
         for r in perf["rows"]:
             for p, f in r.get("figures", {}).items():
                 if p == "backward_derived" or figure not in f:
                     continue
-                lines.append(f"| {r['binding']} | {r['dtype']} | {p.replace('_', '+')} | {f[figure]:.2f}× | "
-                             f"{'yes' if f[figure] >= value else '**no**'} |")
+                met = _("yes") if f[figure] >= value else _("**no**")
+                lines.append(f"| {r['binding']} | {r['dtype']} | {_pass(p, '+')} | {f[figure]:.2f}× | {met} |")
         lines.append("")
     return lines
 
 
 def _md(req: Request, perf: dict) -> str:
+    """PERF.md for `req` from perf.json's data (its name and perf_target taken from the request)."""
+    return render_perf({**perf, "op_name": req.name, "perf_target": req.perf_target})
+
+
+def _tuning_reason(t: dict) -> str:
+    if t.get("shapes"):  # as stage 7 joins them, from each shape's stop
+        return "; ".join(_("{shape}: stopped, {stop}").format(shape=s["binding"], stop=_stop(s["stop"]))
+                         for s in t["shapes"])
+    return _(NO_TUNING) if t["reason"] == NO_TUNING else t["reason"]
+
+
+def render_perf(perf: dict) -> str:
+    """PERF.md from perf.json alone, in the current language: the same data renders in any of them."""
     gpu = perf["device"] == "cuda"
-    lines = [f"# Performance: {req.name}", "",
-             f"Device: {perf['device']} ({perf.get('device_name', perf['device'])}); torch {perf['torch']}.", ""]
+    lines = [_("# Performance: {name}").format(name=perf["op_name"]), "",
+             _("Device: {device} ({device_name}); torch {torch}.").format(
+                 device=perf["device"], device_name=perf.get("device_name", perf["device"]), torch=perf["torch"]), ""]
     if perf["kernel_timing"]:
-        lines += [f"**Note:** {perf['kernel_timing']}. Not measured here: the fused kernel's time, speedups, "
-                  "achieved bandwidth, the copy ceiling, launches per call, autotuning.", ""]
+        why = _(NO_KERNEL_TIMING) if perf["kernel_timing"] == NO_KERNEL_TIMING else perf["kernel_timing"]
+        lines += [_("**Note:** {why}. Not measured here: the fused kernel's time, speedups, achieved bandwidth, the "
+                    "copy ceiling, launches per call, autotuning.").format(why=why), ""]
     else:
         c = perf["copy_ceiling"]
-        lines += ["Every path timed in this run with CUDA events, L2 flushed before each repetition, rotating "
-                  "input copies refilled with new values and outputs checked against the float32 reference "
-                  f"every 10 calls. Copy ceiling (device-to-device, same run): {c['gbps']:.0f} GB/s. "
-                  "torch.compile modes: " + ", ".join(f"{k} = {v}" for k, v in perf["compile_modes"].items())
-                  + ".", ""]
-    lines += _target_lines(req, perf)
-    title = "All paths" if gpu else "Reference paths"
-    lines += [f"## {title} (median ± IQR, ms)", "",
-              "Medians to 4 significant digits, interquartile ranges to 2; a time from one sample (a call slower "
-              "than the timer's budget) has no spread and says so.", "",
-              *(["Quick run (`--quick`): the reference paths are timed at the first p0 shape and dtype only; run "
-                 "without --quick for every one.", ""] if perf.get("quick") else []),
-              "| shape | dtype | path | forward | forward+backward |"
-              + (" launches fwd | launches fwd+bwd |" if gpu else ""),
+        lines += [_("Every path timed in this run with CUDA events, L2 flushed before each repetition, rotating input "
+                    "copies refilled with new values and outputs checked against the float32 reference every 10 "
+                    "calls. Copy ceiling (device-to-device, same run): {gbps:.0f} GB/s. torch.compile modes: "
+                    "{modes}.").format(gbps=c["gbps"],
+                                       modes=", ".join(f"{k} = {v}" for k, v in perf["compile_modes"].items())), ""]
+    lines += _target_lines(perf)
+    lines += [_("## All paths (median ± IQR, ms)") if gpu else _("## Reference paths (median ± IQR, ms)"), "",
+              _("Medians to 4 significant digits, interquartile ranges to 2; a time from one sample (a call slower "
+                "than the timer's budget) has no spread and says so."), "",
+              *([_("Quick run (`--quick`): the reference paths are timed at the first p0 shape and dtype only; run "
+                   "without --quick for every one."), ""] if perf.get("quick") else []),
+              _("| shape | dtype | path | forward | forward+backward | launches fwd | launches fwd+bwd |") if gpu
+              else _("| shape | dtype | path | forward | forward+backward |"),
               "|---|---|---|---|---|" + ("---|---|" if gpu else "")]
     for r in perf["rows"]:
         for v in PATHS:
@@ -230,8 +277,8 @@ def _md(req: Request, perf: dict) -> str:
                 row += f" {la.get(f'{v}_forward', '—')} | {la.get(f'{v}_forward_backward', '—')} |"
             lines.append(row)
     if gpu:
-        lines += ["", "## Fused kernel against the baselines", "",
-                  "| shape | dtype | pass | × eager | × compile | × compile max-autotune | GB/s | % copy ceiling |",
+        lines += ["", _("## Fused kernel against the baselines"), "",
+                  _("| shape | dtype | pass | × eager | × compile | × compile max-autotune | GB/s | % copy ceiling |"),
                   "|---|---|---|---|---|---|---|---|"]
         for r in perf["rows"]:
             for p, f in r.get("figures", {}).items():
@@ -239,40 +286,49 @@ def _md(req: Request, perf: dict) -> str:
                     return f"{f[k]:.2f}×" if k in f else "—"
                 gb = f"{f['gbps']:.0f}" if "gbps" in f else "—"
                 pc = f"{f['pct_of_copy_ceiling']:.0f}%" if "pct_of_copy_ceiling" in f else "—"
-                lines.append(f"| {r['binding']} | {r['dtype']} | {p.replace('_', ' ')} | {x('speedup_vs_eager')} | "
+                lines.append(f"| {r['binding']} | {r['dtype']} | {_pass(p, ' ')} | {x('speedup_vs_eager')} | "
                              f"{x('speedup_vs_compile_default')} | {x('speedup_vs_compile_max_autotune')} | "
                              f"{gb} | {pc} |")
-        lines += ["", "GB/s: the cost model's bytes for the fused kernel over its median time. 'backward derived' is "
-                      "the difference of the forward+backward and forward medians.", ""]
-    lines += ["", "## Bytes and launches: eager against fused (cost model, API_REPORT.md)", "",
-              "| shape | dtype | pass | eager launches | fused launches | eager bytes | fused bytes | ratio | "
-              "flops/byte | bound | roofline floor µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", _("GB/s: the cost model's bytes for the fused kernel over its median time. 'backward derived' "
+                        "is the difference of the forward+backward and forward medians."), ""]
+    lines += ["", _("## Bytes and launches: eager against fused (cost model, API_REPORT.md)"), "",
+              _("| shape | dtype | pass | eager launches | fused launches | eager bytes | fused bytes | ratio | "
+                "flops/byte | bound | roofline floor µs |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in perf["rows"]:
         for p in ("forward", "backward"):
             c = r["cost"].get(p)
             if c:
                 roof = c.get("roofline") or classify(c.get("flops", 0), c["fused_bytes"], r["dtype"])
-                lines.append(f"| {r['binding']} | {r['dtype']} | {p} | {c['eager_kernels']} | {c['fused_kernels']} | "
-                             f"{c['eager_bytes']:,} | {c['fused_bytes']:,} | "
-                             f"{c['eager_bytes'] / c['fused_bytes']:.1f}× | {roof['intensity']} | {roof['bound']} | "
-                             f"{roof['floor_us']} |")
+                lines.append(f"| {r['binding']} | {r['dtype']} | {_pass(p, ' ')} | {c['eager_kernels']} | "
+                             f"{c['fused_kernels']} | {c['eager_bytes']:,} | {c['fused_bytes']:,} | "
+                             f"{c['eager_bytes'] / c['fused_bytes']:.1f}× | {roof['intensity']} | "
+                             f"{_label(BOUND_LABELS, roof['bound'])} | {roof['floor_us']} |")
     lines += ["", describe()]
     lines += _md_compiled(perf.get("compiled"))
     t = perf["tuning"]
-    lines += ["", "For memory-bound kernels the byte ratio bounds the speedup over eager from above once "
-                  "launch overhead is amortised.", "", "## Tuning history", "",
-              f"{t['rounds']} rounds. {t['reason']}", ""]
+    lines += ["", _("For memory-bound kernels the byte ratio bounds the speedup over eager from above once launch "
+                    "overhead is amortised."), "", _("## Tuning history"), "",
+              ngettext("{n} round. {reason}", "{n} rounds. {reason}", t["rounds"]).format(
+                  n=t["rounds"], reason=_tuning_reason(t)), ""]
     for s in t.get("shapes", []):
-        where = f"the sizes {', '.join(map(str, s['keys']))}" if s["keys"] else "every size"
-        lines += [f"{s['binding']}: objective {s['objective']}; start {s['baseline_ms']:.4f} ms, best "
-                  f"{s['best_ms']:.4f} ms with {s['best']}; written into the impl for {where}: "
-                  f"{', '.join(s['written']) or 'nothing'}.", ""]
+        fields = dict(shape=s["binding"], objective=_label(OBJECTIVE_LABELS, s["objective"]),
+                      start=s["baseline_ms"], best_ms=s["best_ms"], best=s["best"],
+                      sizes=", ".join(map(str, s["keys"])), written=", ".join(s["written"]) or _("nothing"))
+        if s["keys"]:
+            text = _("{shape}: objective {objective}; start {start:.4f} ms, best {best_ms:.4f} ms with {best}; "
+                     "written into the impl for the sizes {sizes}: {written}.")
+        else:
+            text = _("{shape}: objective {objective}; start {start:.4f} ms, best {best_ms:.4f} ms with {best}; "
+                     "written into the impl for every size: {written}.")
+        lines += [text.format(**fields), ""]
     if t.get("history"):
-        lines += ["| shape | round | config | status | ms |", "|---|---|---|---|---|"]
+        lines += [_("| shape | round | config | status | ms |"), "|---|---|---|---|---|"]
         for h in t["history"]:
             ms = f"{h['ms']:.4f}" if "ms" in h else h.get("reason", "")
-            lines.append(f"| {h.get('binding', '')} | {h['round']} | {h['config']} | "
-                         f"{h['status']}{' (best)' if h.get('improved') else ''} | {ms} |")
+            status = _label(STATUS_LABELS, h["status"])
+            if h.get("improved"):
+                status = _("{status} (best)").format(status=status)
+            lines.append(f"| {h.get('binding', '')} | {h['round']} | {h['config']} | {status} | {ms} |")
         lines.append("")
     lines += ["![perf](perf.png)", ""]
     return "\n".join(lines)
@@ -281,17 +337,18 @@ def _md(req: Request, perf: dict) -> str:
 def _md_compiled(c: dict | None) -> list[str]:
     if not c:
         return []
-    lines = ["", f"## Kernels compiled for {c['arch']} (COMPILE.md)", ""]
+    lines = ["", _("## Kernels compiled for {arch} (COMPILE.md)").format(arch=c["arch"]), ""]
     if c["unavailable"]:
-        return lines + [f"Not compiled: {c['unavailable']}."]
-    lines += [f"The compiler's figures at each P0 shape in {c['dtype']}; nothing ran. Occupancy is theoretical "
-              "(resident warps per SM); waves below 1 leave resident slots empty, and fewer programs than SMs leave "
-              "whole SMs idle.", "",
-              f"| shape | pass | kernel | {FIGURE_COLUMNS} |", "|" + "---|" * (FIGURE_COLUMNS.count("|") + 4)]
+        return lines + [_("Not compiled: {reason}.").format(reason=c["unavailable"])]
+    lines += [_("The compiler's figures at each P0 shape in {dtype}; nothing ran. Occupancy is theoretical (resident "
+                "warps per SM); waves below 1 leave resident slots empty, and fewer programs than SMs leave whole SMs "
+                "idle.").format(dtype=c["dtype"]), "",
+              _("| shape | pass | kernel | {figure_columns} |").format(figure_columns=_(FIGURE_COLUMNS)),
+              "|" + "---|" * (FIGURE_COLUMNS.count("|") + 4)]
     for k in c["kernels"]:
-        head = f"| {shape_label(k['binding'])} | {k['pass']} | {k['kernel']} |"
+        head = f"| {shape_label(k['binding'])} | {_pass(k['pass'], ' ')} | {k['kernel']} |"
         if "error" in k:
-            lines.append(f"{head} **does not compile:** {k['error']} |")
+            lines.append(f"{head} " + _("**does not compile:** {error}").format(error=k["error"]) + " |")
         else:
             lines.append(f"{head} {figure_cells(k)} |")
     return lines
@@ -326,6 +383,8 @@ def _plot_measured(ax1, ax2, rows, labels, ceiling) -> None:
 
 
 def _plot(ws: Workspace, rows, ceiling=None) -> None:
+    """perf.png. Its labels stay English in every language: Chinese ones need a CJK font, which matplotlib's
+    bundled fonts lack."""
     import matplotlib
 
     matplotlib.use("Agg")
