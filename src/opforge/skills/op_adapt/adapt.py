@@ -13,7 +13,7 @@ from typing import Callable
 from opforge.backend import build
 from opforge.backend.cpp import functional_overloads
 from opforge.errors import InputError
-from opforge.skills.op_adapt import reference
+from opforge.skills.op_adapt import reference, texts
 from opforge.skills.op_adapt.checklist import Checklist, Conflict, aten_checklist
 from opforge.skills.op_apidoc import page
 from opforge.skills.op_test.generate import test_source
@@ -66,8 +66,8 @@ def plan_reference(op: str, root: Path, confirm: Callable[[Conflict], bool] | No
         try:
             dep = aten_checklist(missing, root, planned)
         except InputError as exc:
-            c.conflicts.append(Conflict("backward", f"the backward runs {missing}, which opdev lacks: {exc.what}",
-                                        "gradients will fail on the device until it is adapted"))
+            c.conflicts.append(Conflict("backward", texts.BACKWARD_LACKS.format(op=missing, why=exc.what),
+                                        texts.GRADIENTS_FAIL))
             continue
         deps.append(dep)
         todo += dep.backward["missing"]
@@ -76,8 +76,9 @@ def plan_reference(op: str, root: Path, confirm: Callable[[Conflict], bool] | No
             raise InputError("--interactive", f"stopped at a conflict ({conflict.field}: {conflict.detail}); "
                                               "nothing was written")
     if deps:
-        c.conflicts.append(Conflict("backward", "the backward runs " + ", ".join(d.overload_name for d in deps)
-                                    + ", which opdev lacked", "adapted alongside, from the vendor's kernels"))
+        c.conflicts.append(Conflict("backward", texts.BACKWARD_LACKED.format(ops=", ".join(d.overload_name
+                                                                                       for d in deps)),
+                                    texts.ALONGSIDE))
     for d in deps:
         reference.plan(d, patch, test_source=test_source(d), doc_source=_pending_doc(d))
     reference.plan(c, patch, test_source=test_source(c), doc_source=_pending_doc(c))
@@ -86,7 +87,7 @@ def plan_reference(op: str, root: Path, confirm: Callable[[Conflict], bool] | No
 
 def _pending_doc(c: Checklist) -> str:
     # The page's example output exists only once the operator runs: plan() writes the page after the build.
-    return page.markdown(c, page.example_code(c), "(runs after the build)")
+    return page.markdown(c, page.example_code(c), page.pending_output())
 
 
 def is_custom(op: str) -> bool:

@@ -388,12 +388,15 @@ class DocRow:
 
 
 def _doc_table(text: str) -> tuple[list[DocRow], int] | None:
-    """The rows of a page's `| name | type | default | description |` table and the line a new row would go
-    (after the last), or None when the page has no such table."""
+    """The rows of a page's `| name | type | default | description |` table (in any language op-apidoc writes)
+    and the line a new row would go (after the last), or None when the page has no such table."""
+    from opforge.skills.op_apidoc.page import table_words
+
+    headers, required, _headings = table_words()
     lines = text.splitlines()
     for i, ln in enumerate(lines):
         cells = [c.strip().lower() for c in ln.strip().strip("|").split("|")]
-        if ln.lstrip().startswith("|") and cells[:3] == ["name", "type", "default"]:
+        if ln.lstrip().startswith("|") and tuple(cells[:3]) in headers:
             rows, j = [], i + 1
             if j < len(lines) and re.fullmatch(r"\s*\|[\s|:-]*\|?\s*", lines[j]):
                 j += 1
@@ -402,7 +405,7 @@ def _doc_table(text: str) -> tuple[list[DocRow], int] | None:
                 c += [""] * (3 - len(c))
                 default = c[2].strip("`")
                 rows.append(DocRow(c[0].strip("`"), c[1].strip("`"),
-                                   None if default.lower() == "required" else default, j + 1))
+                                   None if default.lower() in required else default, j + 1))
                 j += 1
             return rows, j + 1
     return None
@@ -956,7 +959,10 @@ def _doc(a: Adaptation) -> tuple[list[DocRow], int] | None:
     text = a.tree.text(a.doc_path)
     if text is None or a.args is None:
         return None
-    return _doc_table(text) or ([], _first_line(text, r"^## Parameters"))
+    from opforge.skills.op_apidoc.page import table_words
+
+    headings = "|".join(re.escape(h) for h in table_words()[2])
+    return _doc_table(text) or ([], _first_line(text, rf"^(?:{headings})"))
 
 
 def _doc_undocumented(a: Adaptation) -> Iterator[Hit]:
@@ -1328,6 +1334,8 @@ def check(path: Path) -> list[Finding]:
 def check_command(path: Path | None, as_json: bool) -> None:
     import typer
 
+    from opforge.i18n import _
+
     if path is None:
         report_where, what = "PATH", "missing: give the adapted tree to cross-check (`opforge op-adapt check PATH`)"
         _fail(report_where, what, as_json)
@@ -1341,9 +1349,9 @@ def check_command(path: Path | None, as_json: bool) -> None:
         for f in report.findings:
             typer.echo(f"{path / f.file}:{f.line}: [{f.rule}] {f.message}")
     else:
-        what = (f"{len(report.checked)} adaptation(s)" if report.layout == "reference"
-                else f"{len(report.checked)} op_api kernel(s)")
-        typer.echo(f"OK: {path}: {what} cross-checked, no disagreement")
+        ok = (_("OK: {path}: {n} adaptation(s) cross-checked, no disagreement") if report.layout == "reference"
+              else _("OK: {path}: {n} op_api kernel(s) cross-checked, no disagreement"))
+        typer.echo(ok.format(path=path, n=len(report.checked)))
     if report.findings:
         raise typer.Exit(1)
 

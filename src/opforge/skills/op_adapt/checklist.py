@@ -13,6 +13,9 @@ from pathlib import Path
 from opforge.backend import vendor
 from opforge.backend.cpp import native_functions, out_overloads
 from opforge.errors import InputError
+from opforge.i18n import _
+from opforge.skills.op_adapt import texts
+from opforge.skills.op_adapt.texts import shown
 
 TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool")
 FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -122,7 +125,7 @@ def _derivatives(schema_name: str) -> dict:
             return {"source": "torch derivatives.yaml", "formulas": formulas,
                     "differentiable": [k for k, v in formulas.items() if "non_differentiable" not in v
                                        and not v.startswith("zeros_like")]}
-    return {"source": "none: not differentiable in torch", "formulas": {}, "differentiable": []}
+    return {"source": texts.NOT_DIFFERENTIABLE, "formulas": {}, "differentiable": []}
 
 
 def aten_checklist(op: str, root: Path, supported: set[str]) -> Checklist:
@@ -155,11 +158,12 @@ def aten_checklist(op: str, root: Path, supported: set[str]) -> Checklist:
         missing = [d for d in sources["opinfo"] if d not in vendor_dtypes]
         extra = [d for d in vendor_dtypes if d not in tested]
         if missing:
-            conflicts.append(Conflict("dtypes", f"torch supports {', '.join(missing)}; the vendor kernel "
-                                      f"{kernel.name} does not", "not adapted: the operator refuses them"))
+            conflicts.append(Conflict("dtypes", texts.TORCH_ONLY_DTYPES.format(dtypes=", ".join(missing),
+                                                                               kernel=kernel.name),
+                                      texts.REFUSED))
         if extra:
-            conflicts.append(Conflict("dtypes", f"the vendor kernel accepts {', '.join(extra)}; torch's OpInfo "
-                                      "does not test them", "not adapted: no reference behaviour to test against"))
+            conflicts.append(Conflict("dtypes", texts.VENDOR_ONLY_DTYPES.format(dtypes=", ".join(extra)),
+                                      texts.UNTESTED))
     else:
         dtypes = vendor_dtypes
     args = _arguments(func)
@@ -195,12 +199,12 @@ def _constraints(name: str, tensors: list[str], dtypes: list[str], output: dict)
         cpp_types = ", ".join(f"at::k{_CPP_DTYPE[d]}" for d in dtypes)
         py_types = ", ".join(f"torch.{d}" for d in dtypes)
         rules.append(Constraint(
-            id=f"dtype_{t}", text=f"`{t}` has one of the supported dtypes: {', '.join(dtypes)}",
+            id=f"dtype_{t}", text=texts.DTYPE_RULE.format(tensor=t, dtypes=", ".join(dtypes)),
             cpp=f"op_api::dtype_in({t}, {{{cpp_types}}})", meta=f"{t}.dtype in ({py_types},)",
             message=f"{name}: {t} must have dtype in [{allowed}] on opdev"))
     if output["size"] == "broadcast" and len(tensors) > 1:
         rules.append(Constraint(
-            id="broadcast", text=f"the shapes of {', '.join(tensors)} broadcast together",
+            id="broadcast", text=texts.BROADCAST_RULE.format(tensors=", ".join(tensors)),
             cpp=f"output_size::broadcastable({{{', '.join(tensors)}}})",
             meta=f"_broadcastable({', '.join(tensors)})",
             message=f"{name}: the shapes of {', '.join(tensors)} cannot be broadcast together"))
@@ -213,36 +217,43 @@ _CPP_DTYPE = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloa
 
 def markdown(c: Checklist) -> str:
     """CHECKLIST.md: the single source of every parameter, in the order the adaptation uses them."""
-    lines = [f"# CHECKLIST: {c.op}", "",
-             "Every file of this adaptation takes its parameters from here (checklist.json is the same, for tools).",
-             "", "## Schema", "", f"`{c.schema}`", "",
-             "| argument | type | default | keyword-only |", "|---|---|---|---|"]
+    none = _("none")
+    lines = [_("# CHECKLIST: {op}").format(op=c.op), "",
+             _("Every file of this adaptation takes its parameters from here (checklist.json is the same, for "
+               "tools)."),
+             "", _("## Schema"), "", f"`{c.schema}`", "",
+             _("| argument | type | default | keyword-only |"), "|---|---|---|---|"]
     for a in c.arguments:
-        lines.append(f"| {a.name} | `{a.type}` | {'`' + a.default + '`' if a.default is not None else 'required'} "
-                     f"| {'yes' if a.kwarg_only else 'no'} |")
-    lines += ["", f"Returns `{c.returns}`.", "", "## Dtypes", "", f"Adapted: {', '.join(c.dtypes)}.", ""]
+        default = "`" + a.default + "`" if a.default is not None else _("required")
+        keyword = _("yes") if a.kwarg_only else _("no")
+        lines.append(f"| {a.name} | `{a.type}` | {default} | {keyword} |")
+    lines += ["", _("Returns `{type}`.").format(type=c.returns), "", _("## Dtypes"), "",
+              _("Adapted: {dtypes}.").format(dtypes=", ".join(c.dtypes)), ""]
     for source, ds in c.dtype_sources.items():
         lines.append(f"- {source}: {', '.join(ds)}")
-    lines += ["", "## Output", "",
-              f"- size: **{c.output['size']}** of {', '.join(c.output['inputs'])}",
-              f"- dtype: **{c.output['dtype']}**", "", "## Constraints", "",
-              "| id | rule | C++ (TORCH_CHECK) | Meta (torch._check) | message |", "|---|---|---|---|---|"]
+    lines += ["", _("## Output"), "",
+              _("- size: **{size}** of {inputs}").format(size=c.output["size"], inputs=", ".join(c.output["inputs"])),
+              _("- dtype: **{dtype}**").format(dtype=c.output["dtype"]), "", _("## Constraints"), "",
+              _("| id | rule | C++ (TORCH_CHECK) | Meta (torch._check) | message |"), "|---|---|---|---|---|"]
     for r in c.constraints:
-        lines.append(f"| {r.id} | {r.text} | `{r.cpp.replace('|', '&#124;')}` | `{r.meta}` | {r.message} |")
-    lines += ["", "## Backward", "", f"Source: {c.backward['source']}.", ""]
+        lines.append(f"| {r.id} | {shown(r.text)} | `{r.cpp.replace('|', '&#124;')}` | `{r.meta}` | {r.message} |")
+    lines += ["", _("## Backward"), "", _("Source: {source}.").format(source=shown(c.backward["source"])), ""]
     for inp, formula in c.backward["formulas"].items():
         lines.append(f"- d/d{inp}: `{formula}`")
-    lines.append(f"- inputs that get gradients: {', '.join(c.backward['differentiable']) or 'none'}")
+    lines.append(_("- inputs that get gradients: {inputs}").format(
+        inputs=", ".join(c.backward["differentiable"]) or none))
     if c.backward.get("ops"):
-        lines.append(f"- operators the backward runs (recorded on the CPU): {', '.join(c.backward['ops'])}")
-        lines.append(f"- of those, missing on the backend: {', '.join(c.backward['missing']) or 'none'}")
-    lines += ["", "## Vendor kernel", "", f"`{c.vendor_kernel}`" if c.vendor_kernel else "none", ""]
-    lines += ["## Conflicts between sources", ""]
+        lines.append(_("- operators the backward runs (recorded on the CPU): {ops}").format(
+            ops=", ".join(c.backward["ops"])))
+        lines.append(_("- of those, missing on the backend: {ops}").format(
+            ops=", ".join(c.backward["missing"]) or none))
+    lines += ["", _("## Vendor kernel"), "", f"`{c.vendor_kernel}`" if c.vendor_kernel else none, ""]
+    lines += [_("## Conflicts between sources"), ""]
     if c.conflicts:
-        lines += ["| field | what disagrees | resolution |", "|---|---|---|"]
-        lines += [f"| {x.field} | {x.detail} | {x.resolution} |" for x in c.conflicts]
+        lines += [_("| field | what disagrees | resolution |"), "|---|---|---|"]
+        lines += [f"| {x.field} | {shown(x.detail)} | {shown(x.resolution)} |" for x in c.conflicts]
     else:
-        lines.append("none")
-    lines += ["", "## Files", "", "| file | class | action |", "|---|---|---|"]
+        lines.append(none)
+    lines += ["", _("## Files"), "", _("| file | class | action |"), "|---|---|---|"]
     lines += [f"| {f['path']} | {f['class']} | {f['action']} |" for f in c.files]
     return "\n".join(lines) + "\n"

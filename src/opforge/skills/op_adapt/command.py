@@ -11,15 +11,19 @@ from rich.table import Table
 
 from opforge.backend.build import BuildError
 from opforge.errors import InputError, report_error
+from opforge.i18n import _, set_language
 from opforge.skills.op_adapt.adapt import PROFILES
+from opforge.skills.op_adapt.texts import shown
 
 out_console = Console()
 err_console = Console(stderr=True)
 
 
 def _confirm(conflict) -> bool:
-    err_console.print(f"[yellow]conflict[/yellow] in {conflict.field}: {conflict.detail}")
-    return typer.confirm(f"  resolution: {conflict.resolution}. Accept it?", default=True, err=True)
+    err_console.print(_("[yellow]conflict[/yellow] in {field}: {detail}").format(
+        field=conflict.field, detail=shown(conflict.detail)))
+    return typer.confirm("  " + _("resolution: {resolution}. Accept it?").format(
+        resolution=shown(conflict.resolution)), default=True, err=True)
 
 
 def op_adapt_command(
@@ -35,8 +39,15 @@ def op_adapt_command(
                                                           "or backward"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the patch; write nothing"),
         interactive: bool = typer.Option(False, "--interactive", help="ask about each conflict between sources"),
-        as_json: bool = typer.Option(False, "--json")):
+        as_json: bool = typer.Option(False, "--json"),
+        lang: str = typer.Option(None, "--lang", help="language of CHECKLIST.md, the API page and the summary: en or "
+                                                      "zh (default: OPFORGE_LANG, else en); JSON stays English")):
     """Adapt OP into a backend: CHECKLIST first, then every file it needs, built and documented."""
+    try:
+        set_language(lang)
+    except InputError as exc:
+        report_error(typer.echo, exc.where, exc.what, as_json=as_json)
+        raise typer.Exit(2) from None
     if op == "check":
         from opforge.skills.op_adapt.check import check_command
 
@@ -88,16 +99,22 @@ def _run(op: str, reference: str | None, modify: str | None, profile: str, repo:
 
 def _summary(result) -> None:
     c = result.checklist
-    table = Table("file", "class", "action", title=f"{c.op} adapted")
+    table = Table(_("file"), _("class"), _("action"), title=_("{op} adapted").format(op=c.op))
     for d in [*result.dependencies, c]:
         for f in d.files:
             if f["path"] in result.files or f["action"].startswith("none"):  # a modify touches fewer files
                 table.add_row(f["path"], f["class"], f["action"])
     out_console.print(table)
     if result.dependencies:
-        out_console.print("adapted alongside, for the backward: " + ", ".join(d.op for d in result.dependencies))
+        out_console.print(_("adapted alongside, for the backward: {ops}").format(
+            ops=", ".join(d.op for d in result.dependencies)))
     for x in c.conflicts:
-        out_console.print(f"conflict ({x.field}): {x.detail} -> {x.resolution}")
+        out_console.print(_("conflict ({field}): {detail} -> {resolution}").format(
+            field=x.field, detail=shown(x.detail), resolution=shown(x.resolution)))
     if result.build:
-        state = "cached" if result.build["cached"] else f"built in {result.build['seconds']:.1f} s"
-        out_console.print(f"backend {state}: {result.build['library']}")
+        if result.build["cached"]:
+            line = _("backend cached: {library}").format(library=result.build["library"])
+        else:
+            line = _("backend built in {seconds} s: {library}").format(
+                seconds=f"{result.build['seconds']:.1f}", library=result.build["library"])
+        out_console.print(line)

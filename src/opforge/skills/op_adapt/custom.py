@@ -23,7 +23,7 @@ from opforge.backend import vendor
 from opforge.backend.cpp import CppBuffer
 from opforge.backend.custom_ops import CUSTOM_YAML, parse_schema, signature
 from opforge.errors import InputError
-from opforge.skills.op_adapt import fx_cpp
+from opforge.skills.op_adapt import fx_cpp, texts
 from opforge.skills.op_adapt.checklist import (
     _CPP_DTYPE,
     FLOATS,
@@ -104,19 +104,19 @@ def custom_checklist(schema_text: str, reference: str | None) -> tuple[Checklist
     c.dtypes, c.dtype_sources = runs, {"reference": runs}
     for t in tensors:
         c.constraints.append(Constraint(
-            id=f"dtype_{t}", text=f"`{t}` has one of the supported dtypes: {', '.join(runs)}",
+            id=f"dtype_{t}", text=texts.DTYPE_RULE.format(tensor=t, dtypes=", ".join(runs)),
             cpp=f"op_api::dtype_in({t}, {{{', '.join('at::k' + _CPP_DTYPE[d] for d in runs)}}})",
             meta=f"{t}.dtype in ({', '.join('torch.' + d for d in runs)},)",
             message=f"{base}: {t} must have dtype in [{' '.join(runs)}] on opdev"))
     if len(tensors) > 1:
         first = tensors[0]
         c.constraints.append(Constraint(
-            id="same_shape", text=f"{', '.join(tensors)} have the same shape",
+            id="same_shape", text=texts.SAME_SHAPE_RULE.format(tensors=", ".join(tensors)),
             cpp=" && ".join(f"{t}.sizes() == {first}.sizes()" for t in tensors[1:]),
             meta=" and ".join(f"{t}.shape == {first}.shape" for t in tensors[1:]),
             message=f"{base}: {', '.join(tensors)} must have the same shape"))
     grads = _differentiable(fn, c)
-    c.backward = {"source": "the reference's autograd, traced", "differentiable": grads,
+    c.backward = {"source": texts.TRACED, "differentiable": grads,
                   "formulas": {t: f"{base}_backward(grad, {', '.join(a.name for a in args)})[{i}]"
                                for i, t in enumerate(grads)},
                   "ops": [], "missing": []}

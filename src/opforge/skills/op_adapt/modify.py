@@ -66,7 +66,7 @@ def plan_bugfix(op: str, root: Path):
     patch.write(kernel, _replace_function(current, c, reference.kernel_function(c, root), str(root / kernel)))
     test = next(f["path"] for f in c.files if f["class"] == "test (op-test)")
     patch.write(test, test_source(c))
-    patch.write(page.doc_path(c), page.markdown(c, page.example_code(c), "(runs after the build)"))
+    patch.write(page.doc_path(c), page.markdown(c, page.example_code(c), page.pending_output()))
     patch.write(f"adaptations/{c.overload_name}/CHECKLIST.md", markdown(c))
     return Result(c, [], sorted(patch.changed()), patch.diff()), patch
 

@@ -7,10 +7,17 @@ import os
 import re
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from opforge.errors import OpforgeError
+from opforge.i18n import LANGUAGES, N_, _, using
 from opforge.skills.op_adapt.checklist import Checklist
+from opforge.skills.op_adapt.texts import shown
+
+PARAMETERS = N_("## Parameters")
+PARAMETERS_HEADER = N_("| name | type | default | description |")
+REQUIRED = N_("required")
 
 
 class ExampleFailed(OpforgeError):
@@ -86,15 +93,36 @@ def run_example(code: str, root: Path) -> str:
     return proc.stdout
 
 
+def pending_output() -> str:
+    """What the page shows as the example's output until the operator is built and the example run."""
+    return _("(runs after the build)")
+
+
 def markdown(c: Checklist, code: str, output: str) -> str:
     docs = argument_docs(c)
-    lines = [f"# {c.op} on opdev", "", description(c), "", "```", c.schema, "```", "", "## Parameters", "",
-             "| name | type | default | description |", "|---|---|---|---|"]
+    lines = [_("# {op} on opdev").format(op=c.op), "", description(c), "", "```", c.schema, "```", "", _(PARAMETERS),
+             "", _(PARAMETERS_HEADER), "|---|---|---|---|"]
     for a in c.arguments:
-        default = f"`{a.default}`" if a.default is not None else "required"
+        default = f"`{a.default}`" if a.default is not None else _(REQUIRED)
         lines.append(f"| {a.name} | `{a.type}` | {default} | {docs.get(a.name, '')} |")
-    lines += ["", f"Returns `{c.returns}`.", "", "## Dtypes", "", ", ".join(c.dtypes), "", "## Constraints", ""]
-    lines += [f"- {r.text}; otherwise: `{r.message}`" for r in c.constraints] or ["none"]
-    lines += ["", "## Example", "", "```python", code.rstrip(), "```", "", "Output (run on opdev):", "", "```",
+    lines += ["", _("Returns `{type}`.").format(type=c.returns), "", _("## Dtypes"), "", ", ".join(c.dtypes), "",
+              _("## Constraints"), ""]
+    lines += [_("- {rule}; otherwise: `{message}`").format(rule=shown(r.text), message=r.message)
+              for r in c.constraints] or [_("none")]
+    lines += ["", _("## Example"), "", "```python", code.rstrip(), "```", "", _("Output (run on opdev):"), "", "```",
               output.rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+@lru_cache(maxsize=None)
+def table_words() -> tuple[frozenset, frozenset, tuple]:
+    """How a page in any language writes its parameters table: (the first three header cells, lower case; the
+    words for a required argument, lower case; the section headings), for `op-adapt check` to read a page written
+    in any of them."""
+    headers, required, headings = set(), set(), []
+    for lang in LANGUAGES:
+        with using(lang):
+            headers.add(tuple(x.strip().lower() for x in _(PARAMETERS_HEADER).strip().strip("|").split("|"))[:3])
+            required.add(_(REQUIRED).lower())
+            headings.append(_(PARAMETERS))
+    return frozenset(headers), frozenset(required), tuple(dict.fromkeys(headings))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from opforge.i18n import N_
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -24,30 +26,30 @@ class Rule:
 RULES = (
     # the test's own code is wrong: it fails before it reaches the operator, or expects what the CHECKLIST does not
     Rule("test-code-error", "test_bug", r"NameError|SyntaxError|IndentationError|AttributeError|TypeError|ImportError",
-         "", "test", "{test}", "the test's own code raised before the operator's result was judged"),
+         "", "test", "{test}", N_("the test's own code raised before the operator's result was judged")),
     Rule("test-dtypes", "test_bug", r".*", "", "dtypes-differ", "{test}",
-         "the test's dtype list differs from the CHECKLIST's"),
+         N_("the test's dtype list differs from the CHECKLIST's")),
     # the environment: the backend was not built or could not load, the machine ran out of something
     Rule("backend-missing", "environment", r"ModuleNotFoundError|ImportError|OSError|BuildError",
-         r"opforge|_opdev_C|opdev", "any", "", "the backend could not be built or loaded here"),
+         r"opforge|_opdev_C|opdev", "any", "", N_("the backend could not be built or loaded here")),
     Rule("resources", "environment", r"MemoryError|TimeoutError|Timeout|ConnectionError", "", "any", "",
-         "the machine ran out of memory or time"),
+         N_("the machine ran out of memory or time")),
     # the adaptation is wrong
     Rule("not-registered", "adaptation_bug", r"NotImplementedError",
          r"Could not run 'aten::\S+' with arguments from the '\w+' backend", "any", "{yaml}",
-         "an operator the test reaches has no kernel registered for the device"),
+         N_("an operator the test reaches has no kernel registered for the device")),
     Rule("vendor-refused", "adaptation_bug", r"RuntimeError", r"vk\w+ failed with vendor status", "any", "{kernel}",
-         "the kernel passed the vendor library something it refuses"),
+         N_("the kernel passed the vendor library something it refuses")),
     Rule("check-missing", "adaptation_bug", r"Failed", r"DID NOT RAISE", "any", "{kernel}",
-         "a CHECKLIST constraint is not enforced by the kernel"),
+         N_("a CHECKLIST constraint is not enforced by the kernel")),
     Rule("check-message", "adaptation_bug", r"AssertionError", r"Regex pattern did not match", "any", "{kernel}",
-         "the kernel's check raises another message than the CHECKLIST's"),
+         N_("the kernel's check raises another message than the CHECKLIST's")),
     Rule("wrong-values", "adaptation_bug", r"AssertionError", r"not close|not equal|mismatch", "any", "{kernel}",
-         "the device's result differs from the CPU's"),
+         N_("the device's result differs from the CPU's")),
     Rule("wrong-metadata", "adaptation_bug", r"AssertionError", "", "any", "{kernel}",
-         "the device's result and the Meta result differ in shape, dtype, strides or device"),
+         N_("the device's result and the Meta result differ in shape, dtype, strides or device")),
     Rule("kernel-error", "adaptation_bug", r"RuntimeError", "", "any", "{kernel}",
-         "the operator raised on the device"),
+         N_("the operator raised on the device")),
 )
 
 _LOCATION = re.compile(r"^(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): (?P<exc>[\w.]+)", re.M)
@@ -78,7 +80,7 @@ def judge(failure: Failure, *, passed_on_rerun: bool, test_file: str, files: dic
     evidence = {"exception": failure.exception, "message": failure.message[:300], "location": failure.location}
     if passed_on_rerun:
         return {"verdict": "environment", "rule": "flaky", "file": None, "evidence": evidence,
-                "why": "it failed, then passed when rerun unchanged"}
+                "why": N_("it failed, then passed when rerun unchanged")}
     in_test = bool(failure.location) and failure.location.rsplit(":", 1)[0].endswith(test_file.rsplit("/", 1)[-1])
     for rule in RULES:
         if rule.where == "dtypes-differ":
@@ -94,4 +96,4 @@ def judge(failure: Failure, *, passed_on_rerun: bool, test_file: str, files: dic
         return {"verdict": rule.verdict, "rule": rule.id, "file": rule.file.format(**files) or None,
                 "evidence": evidence, "why": rule.why}
     return {"verdict": "adaptation_bug", "rule": "unmatched", "file": files.get("kernel"), "evidence": evidence,
-            "why": "no rule matched; the operator is the first suspect"}
+            "why": N_("no rule matched; the operator is the first suspect")}
