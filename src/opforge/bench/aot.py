@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from opforge.i18n import N_, _
 from opforge.workspace import load_module
 
 ARCH_RE = re.compile(r"sm_(\d{2,3})a?$")
@@ -86,7 +87,7 @@ def resources(cubin: bytes) -> dict:
     m = RESOURCE_RE.search(out)
     if not m:
         return {}
-    reg, stack, _, local = map(int, m.groups())
+    reg, stack, _unused, local = map(int, m.groups())
     return {"registers": reg, "stack_bytes": stack, "spill_bytes": local}
 
 
@@ -278,7 +279,7 @@ def shape_label(binding: dict) -> str:
     return "x".join(str(v) for v in binding.values())
 
 
-FIGURE_COLUMNS = "warps | regs | spill B | smem B | 128-bit ld, st | tensor cores | occupancy | programs | waves"
+FIGURE_COLUMNS = N_("warps | regs | spill B | smem B | 128-bit ld, st | tensor cores | occupancy | programs | waves")
 
 
 def figure_cells(b: dict) -> str:
@@ -296,12 +297,14 @@ def to_markdown(report: dict) -> str:
     """One row per compiled kernel; the notes under the table say what a figure means and what to look at."""
     tc = report["toolchain"]
     if tc["unavailable"]:
-        return f"# Kernels compiled for {report['arch']}\n\nNot compiled: {tc['unavailable']}.\n"
-    lines = [f"# Kernels compiled for {report['arch']} (not run)", "",
-             f"torch {tc['torch']}, Triton {tc['triton']}; {report['date']}. Each kernel was specialised by Triton's "
-             "binder for the shape shown and compiled to a cubin with Triton's ptxas. No kernel ran: the figures "
-             "are the compiler's.", "",
-             f"| op | shape | dtype | pass | kernel | constexprs | stages | {FIGURE_COLUMNS} | status |",
+        return (_("# Kernels compiled for {arch}").format(arch=report["arch"]) + "\n\n"
+                + _("Not compiled: {reason}.").format(reason=tc["unavailable"]) + "\n")
+    lines = [_("# Kernels compiled for {arch} (not run)").format(arch=report["arch"]), "",
+             _("torch {torch}, Triton {triton}; {date}. Each kernel was specialised by Triton's binder for the shape "
+               "shown and compiled to a cubin with Triton's ptxas. No kernel ran: the figures are the "
+               "compiler's.").format(torch=tc["torch"], triton=tc["triton"], date=report["date"]), "",
+             _("| op | shape | dtype | pass | kernel | constexprs | stages | {figure_columns} | status |").format(
+                 figure_columns=_(FIGURE_COLUMNS)),
              "|" + "---|" * 17]
     notes = []
     for op in report["ops"]:
@@ -309,20 +312,20 @@ def to_markdown(report: dict) -> str:
             short = b["kernel"].removeprefix(f"_{op['op']}_").removesuffix("_kernel")
             head = f"| {op['op']} | {shape_label(b['binding'])} | {b['dtype']} | {b['pass']} | {short} |"
             if "error" in b:
-                lines.append(head + " — |" * 11 + " **failed** |")
+                lines.append(head + " — |" * 11 + " " + _("**failed**") + " |")
                 notes.append(f"- **{op['op']} {short}** ({shape_label(b['binding'])}): {b['error']}")
                 continue
             cx = ", ".join(f"{k}={v}" for k, v in b["constexprs"].items())
-            status = "spills" if b.get("spill_bytes") else "ok"
+            status = _("spills") if b.get("spill_bytes") else _("ok")
             lines.append(f"{head} {cx} | {b['num_stages']} | {figure_cells(b)} | {status} |")
-    lines += ["", "regs: registers per thread; spill B: bytes per thread spilled to local memory (a memory-bound "
-                  "kernel that spills pays for it in bandwidth); smem B: shared memory per program; 128-bit ld, st: "
-                  "global load and store instructions in the PTX that move 128 bits, of all; tensor cores: the "
-                  "matrix instructions in the PTX (wgmma on sm_90, mma.sync before); occupancy: "
-                  "resident warps per SM over the SM's 64 slots, as registers, warps and shared memory allow "
-                  "(theoretical); waves: programs over the resident slots of the whole device "
-                  f"({SM_LIMITS.get(parse_arch(report['arch']), {}).get('sms', '?')} SMs assumed); below 1 the launch "
-                  "leaves resident slots empty, and with fewer programs than SMs whole SMs idle.", ""]
+    lines += ["", _("regs: registers per thread; spill B: bytes per thread spilled to local memory (a memory-bound "
+                    "kernel that spills pays for it in bandwidth); smem B: shared memory per program; 128-bit ld, st: "
+                    "global load and store instructions in the PTX that move 128 bits, of all; tensor cores: the "
+                    "matrix instructions in the PTX (wgmma on sm_90, mma.sync before); occupancy: resident warps per "
+                    "SM over the SM's 64 slots, as registers, warps and shared memory allow (theoretical); waves: "
+                    "programs over the resident slots of the whole device ({sms} SMs assumed); below 1 the launch "
+                    "leaves resident slots empty, and with fewer programs than SMs whole SMs idle.").format(
+                        sms=SM_LIMITS.get(parse_arch(report["arch"]), {}).get("sms", "?")), ""]
     if notes:
-        lines += ["## Compile failures", ""] + notes + [""]
+        lines += [_("## Compile failures"), ""] + notes + [""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from string import Template
 
 from opforge.bench.aot import default_arch
 from opforge.codegen.build import generate_impl, plan_request
+from opforge.i18n import N_, _, language, ngettext
 from opforge.request import Request
 from opforge.skills.op_precision.summary import per_output_lines
 from opforge.verify.cases import RECORD_ENV, SHIPPED_BLOCKS_UP_TO, generic_binding, read_records
@@ -36,29 +37,55 @@ def render_tests(ws: Workspace, spec: dict, design: dict) -> str:
 
 
 def render_readme(req: Request, spec: dict, precision: dict | None, perf: dict | None = None) -> str:
+    """README.md from the request, spec.json, precision.json and perf.json, in the current language."""
     op = req.name
     args = ", ".join(s.name for s in req.inputs)
-    lines = [f"# {op}", "", req.description + ".", "", "## Use", "", "```python",
+    lines = [f"# {op}", "", req.description + ".", "", _("## Use"), "", "```python",
              f"from {op}_impl import {op}", "", f"out = {op}({args})  # attributes: " +
              (", ".join(f"{k}={v!r}" for k, v in spec["default_params"].items()) or "none"),
              "```", "",
-             f"`{op}` is `torch.ops.opforge.{op}` (a `torch.library.custom_op` with fake and autograd "
-             "registrations): it works under `torch.compile(fullgraph=True)` and passes `opcheck`. "
-             "`deterministic=True` makes the backward's reductions bit-reproducible.", "",
-             "## Constraints", "",
-             f"- dtypes: {', '.join(spec['supported_dtypes'])}; compute in float32.",
-             "- inputs: " + ", ".join(f"{s['name']} {tuple(s['shape'])}" for s in spec["inputs"]) +
-             "; any sizes (shapes are run-time arguments).",
-             "- On a machine without a GPU the kernels run in Triton's interpreter (correct, not fast).", "",
-             "## Measured", ""]
+             _("`{op}` is `torch.ops.opforge.{op}` (a `torch.library.custom_op` with fake and autograd "
+               "registrations): it works under `torch.compile(fullgraph=True)` and passes `opcheck`. "
+               "`deterministic=True` makes the backward's reductions bit-reproducible.").format(op=op), "",
+             _("## Constraints"), "",
+             _("- dtypes: {dtypes}; compute in float32.").format(dtypes=", ".join(spec["supported_dtypes"])),
+             _("- inputs: {inputs}; any sizes (shapes are run-time arguments).").format(
+                 inputs=", ".join(f"{s['name']} {tuple(s['shape'])}" for s in spec["inputs"])),
+             _("- On a machine without a GPU the kernels run in Triton's interpreter (correct, not fast)."), "",
+             _("## Measured"), ""]
     if precision:
         s = precision["summary"]
-        lines.append(f"- Precision: {s['passed']}/{s['total']} cases passed (PRECISION.md); bit-exact outputs: "
-                     f"{', '.join(spec['exact_outputs']) or 'none'}.")
+        lines.append(_("- Precision: {passed}/{total} cases passed (PRECISION.md); bit-exact outputs: {exact}.").format(
+            passed=s["passed"], total=s["total"], exact=", ".join(spec["exact_outputs"]) or _("none")))
     if perf:
-        lines.append(f"- Performance: {perf.get('headline', 'see PERF.md')}")
-    lines += ["", "Tests: `pytest` in this folder.", ""]
+        lines.append(_performance_line(perf))
+    lines += ["", _("Tests: `pytest` in this folder."), ""]
     return "\n".join(lines)
+
+
+def _launches(n: int) -> str:
+    return ngettext("{n} launch", "{n} launches", n).format(n=n)
+
+
+def _performance_line(perf: dict) -> str:
+    """The first timed row's bytes and launches against eager (perf.json's headline, from its figures)."""
+    rows = perf.get("rows")
+    if not rows or "forward" not in rows[0].get("cost", {}):
+        if "headline" in perf:
+            return _("- Performance: {headline}").format(headline=perf["headline"])
+        return _("- Performance: see PERF.md")
+    r = rows[0]
+    f = r["cost"]["forward"]
+    fields = {"share": f["fused_bytes"] / f["eager_bytes"], "launches": _launches(f["fused_kernels"]),
+              "eager": f["eager_kernels"], "dtype": r["dtype"], "binding": r["binding"]}
+    if "backward" not in r["cost"]:
+        return _("- Performance: fused forward moves {share:.0%} of eager's bytes in {launches} instead of {eager} "
+                 "({dtype}, {binding})").format(**fields)
+    b = r["cost"]["backward"]
+    return _("- Performance: fused forward moves {share:.0%} of eager's bytes in {launches} instead of {eager} "
+             "({dtype}, {binding}); backward {bwd_share:.0%} in {bwd_launches} instead of {bwd_eager}").format(
+        **fields, bwd_share=b["fused_bytes"] / b["eager_bytes"], bwd_launches=_launches(b["fused_kernels"]),
+        bwd_eager=b["eager_kernels"])
 
 
 def run_tests(ws: Workspace) -> tuple[int, str, list[dict], list[str]]:
@@ -87,7 +114,7 @@ def compile_args(ws: Workspace, arch: str) -> list[str]:
 
 def compile_for_gpu(ws: Workspace, arch: str) -> str | None:
     """The compile in a process of its own (it swaps Triton's driver). None, or why it could not run."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "OPFORGE_LANG": language()}  # COMPILE.md in the run's language
     try:
         proc = subprocess.run([sys.executable, *compile_args(ws, arch)], cwd=ws.root, env=env, capture_output=True,
                               text=True, timeout=COMPILE_TIMEOUT_S)
@@ -119,12 +146,13 @@ def precision_report(records: list[dict], pytest_rc: int, pytest_line: str, fail
             "per_output": worst, "numerics_vs_eager": numerics_vs_eager(records), "cases": records}
 
 
-EAGER_NOTE = ("The kernel loads each input in its dtype, computes in float32 and rounds once, when it stores an "
+EAGER_NOTE = N_("The kernel loads each input in its dtype, computes in float32 and rounds once, when it stores an "
               "output (and where the reference casts to a fixed narrow dtype); eager PyTorch in bfloat16/float16 "
               "rounds each intermediate tensor to the dtype. Where it does, the kernel differs from eager in many "
               "elements, by about one ulp of the dtype (more where a result cancels towards zero), while lying "
               "closer to float64; in float32 the two differ only by the order of operations. Verdicts hold the "
-              "kernel to float64 within the SPEC tolerance; eager's figures are information only.")
+              "kernel to float64 within the SPEC tolerance; eager's figures are information only.")  # kept in
+# precision.json in English; PRECISION.md shows it translated
 
 
 def numerics_vs_eager(records: list[dict]) -> dict:
@@ -162,32 +190,42 @@ def _worst(acc: dict, res: dict) -> None:
 
 
 def render_precision(op: str, report: dict) -> str:
+    """PRECISION.md from precision.json, in the current language."""
     s = report["summary"]
-    skipped = f", {s['skipped']} skipped (the reference does not define them)" if s.get("skipped") else ""
-    lines = [f"# Precision: {op}", "", f"pytest: `{s['pytest']}` (exit {s['pytest_rc']}). "
-             f"Cases: {s['passed']}/{s['total']} passed{skipped}.", *_render_blocks(report["cases"]),
+    fields = {"pytest": s["pytest"], "rc": s["pytest_rc"], "passed": s["passed"], "total": s["total"],
+              "skipped": s.get("skipped")}
+    if s.get("skipped"):
+        run = _("pytest: `{pytest}` (exit {rc}). Cases: {passed}/{total} passed, {skipped} skipped (the reference "
+                "does not define them).").format(**fields)
+    else:
+        run = _("pytest: `{pytest}` (exit {rc}). Cases: {passed}/{total} passed.").format(**fields)
+    lines = [_("# Precision: {op}").format(op=op), "", run, *_render_blocks(report["cases"]),
              "", *per_output_lines(report["cases"])]
-    lines += ["", "Exact outputs are compared bit for bit with the golden's float32 path; max abs / ULP are then "
-                  "against that path (0 means identical). Other outputs are against float64 truth.", "",
+    lines += ["", _("Exact outputs are compared bit for bit with the golden's float32 path; max abs / ULP are then "
+                    "against that path (0 means identical). Other outputs are against float64 truth."), "",
               *_render_eager(report.get("numerics_vs_eager")),
-              "## Cases", "",
-              "| case | seed | passed | outputs (max abs) | eager vs float64 (max abs; elements ≠ fused) |",
+              _("## Cases"), "",
+              _("| case | seed | passed | outputs (max abs) | eager vs float64 (max abs; elements ≠ fused) |"),
               "|---|---|---|---|---|"]
     for r in report["cases"]:
         shown = [o for o in r["outputs"] if o["name"] != "no_alias"]
         outs = ", ".join(f"{o['name']}={o.get('max_abs', 0):.2g}" for o in shown)
         eager = ", ".join(f"{o['name']}={_eager_cell(o['eager'])}" for o in shown if "eager" in o)
-        verdict = "skipped: " + r["skipped"] if r.get("skipped") else ("yes" if r["passed"] else "**no**")
-        blocks = " (interpreter blocks)" if r.get("interpreter_blocks") else ""
-        lines.append(f"| {r['case']}{blocks} | {r['seed']} | {verdict} | {outs} | {eager} |")
+        if r.get("skipped"):
+            verdict = _("skipped: {reason}").format(reason=r["skipped"])
+        else:
+            verdict = _("yes") if r["passed"] else _("**no**")
+        case = _("{case} (interpreter blocks)").format(case=r["case"]) if r.get("interpreter_blocks") else r["case"]
+        lines.append(f"| {case} | {r['seed']} | {verdict} | {outs} | {eager} |")
     failing = [r for r in report["cases"] if not r["passed"]]
     if failing:
-        lines += ["", "## Failures", ""]
+        lines += ["", _("## Failures"), ""]
         for r in failing[:10]:
             for o in r["outputs"]:
                 if not o["passed"]:
-                    lines.append(f"- {r['case']} (seed {r['seed']}) {o['name']}: {o.get('mismatches')} mismatches, "
-                                 f"worst {o.get('worst', [])[:3]}")
+                    lines.append(_("- {case} (seed {seed}) {output}: {mismatches} mismatches, worst {worst}").format(
+                        case=r["case"], seed=r["seed"], output=o["name"], mismatches=o.get("mismatches"),
+                        worst=o.get("worst", [])[:3]))
     return "\n".join(lines) + "\n"
 
 
@@ -196,32 +234,36 @@ def _render_blocks(cases: list[dict]) -> list[str]:
     if not big:
         return []
     ran, shipped = (", ".join(f"{k}={v}" for k, v in big[0][w].items()) for w in ("ran", "shipped"))
-    return ["", f"Block sizes: {len(big)} of {len(cases)} cases, those with inputs over {SHIPPED_BLOCKS_UP_TO:,} "
-                f"elements, ran in Triton's interpreter with {ran} instead of the shipped {shipped}, "
-                "for speed only (marked below); the other cases ran the shipped block sizes, over several "
-                "programs where their shapes span them."]
+    return ["", _("Block sizes: {n} of {total} cases, those with inputs over {limit:,} elements, ran in Triton's "
+                  "interpreter with {ran} instead of the shipped {shipped}, for speed only (marked below); the other "
+                  "cases ran the shipped block sizes, over several programs where their shapes span them.").format(
+                      n=len(big), total=len(cases), limit=SHIPPED_BLOCKS_UP_TO, ran=ran, shipped=shipped)]
 
 
 def _render_eager(summary: dict | None) -> list[str]:
     if not summary or not summary["dtypes"]:
         return []
-    lines = ["## Numerics against eager", "", summary["note"], "",
-             "Worst over each dtype's cases. Errors are against float64 truth (ULP: distance from float64 rounded to "
-             "the output's dtype); the last columns count the elements where the kernel's result is not "
-             "bit-identical to eager's in the same dtype.", "",
-             "| dtype | output | cases | fused: max abs | fused: max rel | fused: max ULP | eager: max abs | "
-             "eager: max rel | eager: max ULP | elements ≠ eager | max ULP fused↔eager |",
+    lines = [_("## Numerics against eager"), "", _(summary["note"]), "",
+             _("Worst over each dtype's cases. Errors are against float64 truth (ULP: distance from float64 rounded "
+               "to the output's dtype); the last columns count the elements where the kernel's result is not "
+               "bit-identical to eager's in the same dtype."), "",
+             _("| dtype | output | cases | fused: max abs | fused: max rel | fused: max ULP | eager: max abs | "
+               "eager: max rel | eager: max ULP | elements ≠ eager | max ULP fused↔eager |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for dt, per in summary["dtypes"].items():
         for name, w in per.items():
             f, e, d = w["fused_vs_float64"], w["eager_vs_float64"], w["vs_eager"]
             if w["eager_unavailable"] == w["cases"]:
-                eager = "eager unavailable | | "
+                eager = _("eager unavailable") + " | | "
                 diff = "| "
             else:
                 eager = f"{e['max_abs']:.3g} | {e['max_rel']:.3g} | {e['max_ulp']}"
-                share = f" ({d['differing'] / d['numel']:.1%})" if d["numel"] else ""
-                diff = f"{d['differing']:,} of {d['numel']:,}{share} | {d['max_ulp']}"
+                if d["numel"]:
+                    differing = _("{differing:,} of {numel:,} ({share:.1%})").format(
+                        differing=d["differing"], numel=d["numel"], share=d["differing"] / d["numel"])
+                else:
+                    differing = _("{differing:,} of {numel:,}").format(differing=d["differing"], numel=d["numel"])
+                diff = f"{differing} | {d['max_ulp']}"
             lines.append(f"| {dt} | {name} | {w['cases']} | {f['max_abs']:.3g} | {f['max_rel']:.3g} | "
                          f"{f['max_ulp']} | {eager} | {diff} |")
     return lines + [""]
@@ -229,7 +271,7 @@ def _render_eager(summary: dict | None) -> list[str]:
 
 def _eager_cell(e: dict) -> str:
     if "unavailable" in e:
-        return "n/a"
+        return _("n/a")
     return f"{e['vs_float64']['max_abs']:.2g} ({e['vs_fused']['differing']:,})"
 
 

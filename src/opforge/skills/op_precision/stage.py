@@ -14,6 +14,7 @@ import json
 
 from opforge.codegen.ops import OP_TABLE, op_name
 from opforge.codegen.trace import trace_request
+from opforge.i18n import _
 from opforge.request import Request
 from opforge.verify.kernel_steps import localise_in_subprocess
 from opforge.workspace import StageOutcome, Workspace
@@ -34,6 +35,32 @@ def _path_ops(gm, index: int) -> list[dict]:
             ops.append({"node": n.name, "op": op_name(n.target), "exact": bool(rule and rule.exact)})
         stack.extend(n.all_input_nodes)
     return sorted(ops, key=lambda o: o["exact"])
+
+
+def render_localisation(report: dict) -> str:
+    """PRECISION.md's stage 6 section from precision.json's "localisation", in the current language."""
+    s, localisation = report["summary"], report.get("localisation") or {}
+    md = "\n" + _("## Localisation (stage 6)") + "\n\n"
+    for name, loc in localisation.items():
+        suspects = ", ".join(f"`{o['node']}` ({o['op']})" for o in loc["ops_on_path"] if not o["exact"]) or _("none")
+        md += _("- **{name}**: failing in {n}+ case(s); inexact ops on its path: {suspects}.").format(
+            name=name, n=len(loc["cases"]), suspects=suspects) + "\n"
+        first = (loc.get("fused_step") or {}).get("first")
+        if first:
+            md += "  " + _("- diverging fused step: `{node}` ({op}) in `{kernel}`, {source}; its inputs {inputs} agree "
+                    "with float64, it is off by {rel_error:.3g} of its scale (case {case}).").format(
+                node=first["node"], op=first["op"], kernel=first["kernel"],
+                source=first.get("source") or _("source line not found"),
+                inputs=", ".join(f"`{i}`" for i in first["inputs"]) or _("(loads)"),
+                rel_error=first["rel_error"], case=loc["fused_step"]["case"]) + "\n"
+        else:
+            why = (loc.get("fused_step") or {}).get("error") or _("every step the kernel holds agrees with float64")
+            md += "  " + _("- no single fused step diverges: {why}.").format(why=why) + "\n"
+    if not localisation:
+        md += _("- no output failed its comparison; the test run itself failed: `{pytest}`").format(
+            pytest=s["pytest"]) + "\n"
+        md += "".join(f"  - `{t}`\n" for t in s.get("failed_tests", []))
+    return md
 
 
 def run(ws: Workspace, req: Request, state) -> StageOutcome:
@@ -58,23 +85,7 @@ def run(ws: Workspace, req: Request, state) -> StageOutcome:
         localisation[name] = {"cases": cases[:5], "ops_on_path": _path_ops(gm, idx), "fused_step": step}
     report["localisation"] = localisation
     write_json_atomic(ws.path("precision.json"), report)
-    md = ws.path("PRECISION.md").read_text() + "\n## Localisation (stage 6)\n\n"
-    for name, loc in localisation.items():
-        suspects = ", ".join(f"`{o['node']}` ({o['op']})" for o in loc["ops_on_path"] if not o["exact"]) or "none"
-        md += f"- **{name}**: failing in {len(loc['cases'])}+ case(s); inexact ops on its path: {suspects}.\n"
-        first = (loc.get("fused_step") or {}).get("first")
-        if first:
-            md += (f"  - diverging fused step: `{first['node']}` ({first['op']}) in `{first['kernel']}`, "
-                   f"{first.get('source') or 'source line not found'}; its inputs "
-                   f"{', '.join(f'`{i}`' for i in first['inputs']) or '(loads)'} agree with float64, it is off by "
-                   f"{first['rel_error']:.3g} of its scale (case {loc['fused_step']['case']}).\n")
-        else:
-            why = (loc.get("fused_step") or {}).get("error") or "every step the kernel holds agrees with float64"
-            md += f"  - no single fused step diverges: {why}.\n"
-    if not localisation:
-        md += f"- no output failed its comparison; the test run itself failed: `{s['pytest']}`\n"
-        md += "".join(f"  - `{t}`\n" for t in s.get("failed_tests", []))
-    write_text_atomic(ws.path("PRECISION.md"), md)
+    write_text_atomic(ws.path("PRECISION.md"), ws.path("PRECISION.md").read_text() + render_localisation(report))
     first = f"; first: {s['failed_tests'][0]}" if s.get("failed_tests") else ""
     return StageOutcome("failed", f"precision failed ({s['failed']} of {s['total']} cases; {s['pytest']}{first}); "
                                   "the deterministic engine has no other lowering to try",

@@ -10,10 +10,12 @@ tolerance of that comparison (the limit at the element: atol + rtol·|ref|) and 
 
 from __future__ import annotations
 
+from opforge.i18n import N_, _
 from opforge.skills.op_api.markdown import cell
 
-HEADER = ["| output | cases | compared exactly | extreme | value | case | dtype | reference there | tolerance there | "
-          "verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+HEADER = [N_("| output | cases | compared exactly | extreme | value | case | dtype | reference there | "
+             "tolerance there | verdict |"), "|---|---|---|---|---|---|---|---|---|---|"]
+EXTREMES = (("max_abs", N_("max abs error")), ("max_ulp", N_("max ULP")))
 
 
 def located_extremes(cases: list[dict]) -> dict[str, dict]:
@@ -55,71 +57,87 @@ def _element(key: str, o: dict) -> dict | None:
 
 def _dtype(r: dict, o: dict) -> str:
     out = o.get("dtype")
-    return r["dtype"] if not out or out == r["dtype"] else f"{r['dtype']} (output {out})"
+    if not out or out == r["dtype"]:
+        return r["dtype"]
+    return _("{dtype} (output {output_dtype})").format(dtype=r["dtype"], output_dtype=out)
 
 
 def _reference(key: str, o: dict) -> str:
     at = _element(key, o)
     if at is not None:
-        return f"|ref| = {_g(abs(at['truth']))} at {tuple(at['index'])}"
+        return _("|ref| = {ref:.3g} at {index}").format(ref=abs(at["truth"]), index=tuple(at["index"]))
     if "max_abs_truth" in o:
-        return f"max |ref| of the output = {_g(o['max_abs_truth'])}"
-    return "not recorded"
+        return _("max |ref| of the output = {ref:.3g}").format(ref=o["max_abs_truth"])
+    return _("not recorded")
 
 
 def _tolerance(key: str, o: dict) -> str:
     if o.get("exact"):
-        return "bit-exact against the golden's float32 path"
+        return _("bit-exact against the golden's float32 path")
     if "atol" not in o:
-        return "not recorded"
-    text = f"atol {_g(o['atol'])} + rtol {_g(o['rtol'])}·|ref|"
+        return _("not recorded")
     at = _element(key, o)
-    if at is not None:
-        text += f" = {_g(o['atol'] + o['rtol'] * abs(at['truth']))}"
-    return text
+    if at is None:
+        return _("atol {atol:.3g} + rtol {rtol:.3g}·|ref|").format(atol=o["atol"], rtol=o["rtol"])
+    return _("atol {atol:.3g} + rtol {rtol:.3g}·|ref| = {limit:.3g}").format(
+        atol=o["atol"], rtol=o["rtol"], limit=o["atol"] + o["rtol"] * abs(at["truth"]))
 
 
 def _verdict(key: str, o: dict, value) -> str:
     """Whether the extreme passed, and by which term: atol (where the reference is small or near zero), rtol,
     or their sum; a failure says how far past the limit it is."""
     if o.get("exact"):
-        return "passed: bit-identical" if value == 0 else "**failed**: not bit-identical"
-    elsewhere = "" if o.get("passed") else " (**the output failed elsewhere in this case**)"
+        return _("passed: bit-identical") if value == 0 else _("**failed**: not bit-identical")
     if value == 0:
-        return f"passed: no error{elsewhere}"
+        return _elsewhere(o, _("passed: no error"))
     at = _element(key, o)
     if at is None or "atol" not in o:
-        return ("passed" if o.get("passed") else "**failed**") + " (the output's verdict in this case)"
+        return (_("passed (the output's verdict in this case)") if o.get("passed")
+                else _("**failed** (the output's verdict in this case)"))
     err, ref, atol = at["abs_err"], abs(at["truth"]), o["atol"]
     by_rel = o["rtol"] * ref
     if err > atol + by_rel:
-        return f"**failed**: error {_g(err)} is {_g(err / (atol + by_rel))}× the limit{elsewhere}"
-    rel = f", {_g(err / ref)} of |ref|" if ref else ""
-    term = "by rtol" if err <= by_rel else "by atol" if err <= atol else "within atol + rtol·|ref|"
+        return _elsewhere(o, _("**failed**: error {err:.3g} is {ratio:.3g}× the limit").format(
+            err=err, ratio=err / (atol + by_rel)))
+    term = _("by rtol") if err <= by_rel else _("by atol") if err <= atol else _("within atol + rtol·|ref|")
+    fields = {"term": term, "err": err, "rel": err / ref if ref else 0.0, "ulps": value}
     if key == "max_ulp":
-        text = f"passed {term}: {value:,} ulps here are an error of {_g(err)}{rel}"
+        if ref:
+            text = _("passed {term}: {ulps:,} ulps here are an error of {err:.3g}, {rel:.3g} of |ref|").format(**fields)
+        else:
+            text = _("passed {term}: {ulps:,} ulps here are an error of {err:.3g}").format(**fields)
         if err <= atol and ref <= atol:
-            text += " (the reference is near zero, where ulps are tiny)"
-        return text + elsewhere
-    return f"passed {term}: error {_g(err)}{rel}{elsewhere}"
+            text = _("{verdict} (the reference is near zero, where ulps are tiny)").format(verdict=text)
+        return _elsewhere(o, text)
+    if ref:
+        return _elsewhere(o, _("passed {term}: error {err:.3g}, {rel:.3g} of |ref|").format(**fields))
+    return _elsewhere(o, _("passed {term}: error {err:.3g}").format(**fields))
+
+
+def _elsewhere(o: dict, verdict: str) -> str:
+    """The verdict of the extreme, and a note where the output failed at another element of the case."""
+    if o.get("passed"):
+        return verdict
+    return _("{verdict} (**the output failed elsewhere in this case**)").format(verdict=verdict)
 
 
 def per_output_lines(cases: list[dict]) -> list[str]:
     """The "Per output" section: two rows per output, its max abs error and its max ULP, each located."""
-    lines = ["## Per output (worst over all cases)", "",
-             "Each extreme with the case and dtype it comes from, the reference's magnitude at that element, the "
-             "tolerance it was judged against there (the case's: SPEC's, with atol widened for reductions and for "
-             "the reference's own float32 error) and its verdict. A large ULP count where the reference is near "
-             "zero is a small absolute error, within atol; a large absolute error can be a small relative one. "
-             "The eager section below compares dtypes for information; it carries no verdict.", "", *HEADER]
+    lines = [_("## Per output (worst over all cases)"), "",
+             _("Each extreme with the case and dtype it comes from, the reference's magnitude at that element, the "
+               "tolerance it was judged against there (the case's: SPEC's, with atol widened for reductions and for "
+               "the reference's own float32 error) and its verdict. A large ULP count where the reference is near "
+               "zero is a small absolute error, within atol; a large absolute error can be a small relative one. "
+               "The eager section below compares dtypes for information; it carries no verdict."), "",
+             _(HEADER[0]), HEADER[1]]
     for name, w in located_extremes(cases).items():
         first = True
-        for key, label in (("max_abs", "max abs error"), ("max_ulp", "max ULP")):
+        for key, label in EXTREMES:
             x = w[key]
             r, o = x["case"], x["output"]
             head = f"| {cell(name)} | {w['cases']} | {w['exact_cases']} |" if first else "| | | |"
             first = False
-            lines.append(f"{head} {label} | {_value(key, x['value'])} | {cell(r['case'])} | {cell(_dtype(r, o))} | "
+            lines.append(f"{head} {_(label)} | {_value(key, x['value'])} | {cell(r['case'])} | {cell(_dtype(r, o))} | "
                          f"{cell(_reference(key, o))} | {cell(_tolerance(key, o))} | "
                          f"{cell(_verdict(key, o, x['value']))} |")
     return lines
