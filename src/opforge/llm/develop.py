@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from opforge.bench.aot import default_arch
+from opforge.i18n import language
 from opforge.llm.sandbox import run_python
 from opforge.orchestrator.gates import check_impl_compiles, run_gates
 from opforge.skills.op_develop.stage import (
@@ -100,7 +101,8 @@ def compile_check(ws: Workspace, state, timeout_s: float, drop_env: tuple[str, .
     """Every kernel of the impl compiled for the GPU target in a child process (compile.json, COMPILE.md); None,
     or what does not compile."""
     arch = default_arch()
-    res = run_python(compile_args(ws, arch), ws.root, timeout_s, {"TRITON_INTERPRET": "0"}, drop_env)
+    res = run_python(compile_args(ws, arch), ws.root, timeout_s, {"TRITON_INTERPRET": "0", "OPFORGE_LANG": language()},
+                     drop_env)  # COMPILE.md in the run's language
     if res.timed_out:
         return f"compiling for {arch} took over {timeout_s:g} s"
     return res.last_line if res.returncode not in (0, 1) else check_impl_compiles(ws, state)
