@@ -50,6 +50,7 @@ from opforge.codegen.ops import (
 from opforge.codegen.plan import OutArg, PlanOfParts, Unsupported, check_output
 from opforge.codegen.symbolic import hint, operand, product, pysrc, same, shape_env_of, shape_of
 from opforge.codegen.trace import AttrRef
+from opforge.i18n import N_, Joined, Msg
 
 
 class NeedsSecondPass(Unsupported):
@@ -249,8 +250,10 @@ def _scans_apart(scans: list) -> None:
     reverse = [n for n in scans if is_reverse_scan(op_name(n.target))]
     for first, then in ((forward, reverse), (reverse, forward)):
         if not upstream(first) & set(then):
-            why = [f"scans run forward and backward in one pass: the {'reverse ' * (first is reverse)}scans "
-                   f"first ({n.name})" for n in first]
+            why = [Msg(N_("scans run forward and backward in one pass: the reverse scans first ({node})")
+                         if first is reverse else
+                         N_("scans run forward and backward in one pass: the scans first ({node})"), node=n.name)
+                   for n in first]
             raise NeedsSecondPass([op_name(n.target) for n in first], why, first, ["row"] * len(first))
     raise Unsupported(sorted({op_name(n.target) for n in scans}), "scans forward and backward, each reading the other")
 
@@ -357,8 +360,8 @@ def _conflict(reductions: list, wanted: list) -> Unsupported:
     first = [a for a, oa in reductions
              if any(b is not a and not set(oa) & set(ob) and a in upstream([b.args[0]]) for b, ob in reductions)]
     if first:
-        return NeedsSecondPass(ops, [f"{a.name} is reduced in another order than a reduction that reads it"
-                                     for a in first], first, ["row"] * len(first))
+        return NeedsSecondPass(ops, [Msg(N_("{node} is reduced in another order than a reduction that reads it"),
+                                           node=a.name) for a in first], first, ["row"] * len(first))
     groups: list = []  # [layouts the group's reductions share, positions of its outputs]
     for k, node in enumerate(wanted):
         up = upstream([node])
@@ -375,7 +378,8 @@ def _conflict(reductions: list, wanted: list) -> Unsupported:
             groups.append([lays, [k]])
     if len(groups) < 2:
         return Unsupported(ops, "no one walk order suits every reduction")
-    return NeedsApart(ops, "the outputs need reductions that no one walk order suits", [g[1] for g in groups])
+    return NeedsApart(ops, Msg(N_("the outputs need reductions that no one walk order suits")),
+                      [g[1] for g in groups])
 
 
 def _canonical(rows: list, cols: list, trivial: set) -> tuple:
@@ -605,7 +609,7 @@ class _RowPlanner:
         if rule.kind == SHIFT:
             for src in [s for s in node.all_input_nodes if s in self.info and self.info[s].scan]:
                 # a scan's column is known only where the walk is: a later kernel reads it moved, from memory
-                self.cut(src, "row", f"{node.name} moves the columns of a scan")
+                self.cut(src, "row", Msg(N_("{node} moves the columns of a scan"), node=node.name))
                 self.info[src].scan = False
             return _shift_info(node, key, self.info, self.env, self.combine)
         if rule.kind == REDUCTION:
@@ -649,7 +653,8 @@ class _RowPlanner:
         if dr:  # finished values needed for every row: hand them to a later kernel, as if inputs of it
             for s in srcs:
                 if info[s].post:
-                    self.hand_over(s, node, f"{node.name} needs a finished column or full reduction for every row")
+                    self.hand_over(s, node, Msg(N_("{node} needs a finished column or full reduction for every row"),
+                                                  node=node.name))
         posts = [info[s].post for s in srcs if info[s].post]
         post = None
         if posts:
@@ -671,7 +676,8 @@ class _RowPlanner:
                 raise self.across_rows(node, key, src) from None
             raise
         if si.post:
-            self.hand_over(src, node, f"{node.name} reduces a value that needs a finished reduction")
+            self.hand_over(src, node, Msg(N_("{node} reduces a value that needs a finished reduction"),
+                                            node=node.name))
         kind = REDUCE_KIND[key]
         if not dims:  # nothing non-trivial reduced: a view
             return si
@@ -697,12 +703,14 @@ class _RowPlanner:
         values, where the sum runs down their columns."""
         rows = [r.node for r in self.reductions if r.axis == "row" and r.node in upstream([src])]
         if rows:
-            return NeedsSecondPass([key], [f"{node.name} reduces per-row values across rows ({r.name})" for r in rows],
+            return NeedsSecondPass([key], [Msg(N_("{node} reduces per-row values across rows ({reduction})"),
+                                                 node=node.name, reduction=r.name) for r in rows],
                                    rows, ["row"] * len(rows))
         mine = [k for k, o in enumerate(self.wanted) if node in upstream([o])]
         rest = [k for k in range(len(self.wanted)) if k not in mine]
         if rest:
-            return NeedsApart([key], f"{node.name} reduces per-row values across rows", [rest, mine])
+            return NeedsApart([key], Msg(N_("{node} reduces per-row values across rows"), node=node.name),
+                              [rest, mine])
         return Unsupported([key], f"{node.name} reduces per-row values across only some of their rows")
 
     def reduced_dims(self, node, key: str, src, shape: list) -> tuple[list[int], bool, bool]:
@@ -754,7 +762,7 @@ class _RowPlanner:
         if node not in self.cuts:
             self.cuts.append(node)
             self.cut_kinds.append(kind)
-            self.cut_why.append(f"{why} ({node.name})")
+            self.cut_why.append(Msg(N_("{why} ({node})"), why=why, node=node.name))
 
     def unviewed(self, n):
         """A finished value before the views that broadcast it: what a later kernel should be handed."""
@@ -1012,8 +1020,9 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
             parts.append(plan_chain(f"{name}_{'abcdefgh'[g]}", with_outputs(gm, [results[i] for _, i in mine]),
                                     input_names, [(o, j) for j, (o, _) in enumerate(mine)], output_like, sym_names,
                                     depth + 1))
-        why = [f"{exc.why}: {', '.join(o.name for o in p.outputs)} by kernel(s) "
-               f"{', '.join(k.name for k in p.kernels)}" for p in parts]
+        why = [Msg(N_("{why}: {outputs} by kernel(s) {kernels}"), why=exc.why,
+                     outputs=", ".join(o.name for o in p.outputs), kernels=", ".join(k.name for k in p.kernels))
+               for p in parts]
         return ChainPlan(name, [k for p in parts for k in p.kernels], why + [w for p in parts for w in p.why],
                          [t for p in parts if p.chained for t in p.temps], results=[o for o, _ in outputs])
     except NeedsSecondPass as exc:
@@ -1029,7 +1038,7 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
         except Unsupported:
             ready = [i for i, c in enumerate(exc.cut) if not (upstream(c.all_input_nodes) & (set(exc.cut) - {c}))]
         exc.cut, exc.kinds = [exc.cut[i] for i in ready], [exc.kinds[i] for i in ready]
-        reason = "; ".join(exc.whys[i] for i in ready)
+        reason = Joined("; ", (exc.whys[i] for i in ready))
         temps = [f"{name}_r{i}" for i in range(len(exc.cut))]
         if first is None:  # the ready cuts may need splits of their own
             first = plan_chain(f"{name}_a", with_outputs(gm, exc.cut), input_names,
@@ -1042,7 +1051,8 @@ def plan_chain(name: str, gm, input_names: list[str], outputs: list[tuple[str, i
         parts = [first, rest]
         kernels = [k for p in parts for k in p.kernels]
         why = [w for p in parts for w in p.why]
-        why.insert(0, f"{reason}: kernel {first.name} finishes {'it' if len(exc.cut) == 1 else 'them'}, "
-                      f"then {rest.name} reads {', '.join(temps)}")
+        why.insert(0, Msg(N_("{why}: kernel {first} finishes it, then {rest} reads {temps}") if len(exc.cut) == 1
+                            else N_("{why}: kernel {first} finishes them, then {rest} reads {temps}"),
+                            why=reason, first=first.name, rest=rest.name, temps=", ".join(temps)))
         subtemps = [t for p in parts if p.chained for t in p.temps]
         return ChainPlan(name, kernels, why, temps + subtemps, results=rest.results if rest.chained else None)

@@ -13,6 +13,7 @@ import json
 from opforge.codegen.build import numel_of
 from opforge.codegen.eager_dispatch import eager_cost
 from opforge.codegen.trace import trace_request
+from opforge.i18n import N_, _
 from opforge.verify.cases import largest_input, level0_cases, level1_cases
 from opforge.workspace import StageOutcome, Workspace
 from opforge.workspace.atomic import write_json_atomic, write_text_atomic
@@ -54,6 +55,9 @@ def cost_rows(req, traced) -> list[dict]:
     return rows
 
 
+PASSES = {"forward": N_("forward"), "backward": N_("backward")}
+
+
 def api_stage(ws: Workspace, req, state, default, engine: str) -> StageOutcome:
     outcome = default(ws, req, state)
     if outcome.status != "blocked" or not ws.path("api_report.json").exists():
@@ -66,18 +70,19 @@ def api_stage(ws: Workspace, req, state, default, engine: str) -> StageOutcome:
     rep.update(unsupported=[], model_lowered=ops, model_lowered_reason=rep.get("unsupported_reason"),
                engine=engine, unsupported_reason=None, cost=cost_rows(req, traced))
     write_json_atomic(ws.path("api_report.json"), rep)
-    md = ws.path("API_REPORT.md").read_text().replace(
-        "The deterministic engine cannot fuse this request; the run stops as BLOCKED_API.",
-        f"The templates cannot fuse this request; the `{engine}` engine writes the kernel at stage 5, held to the "
-        "same gates and tests.")
-    md += ("\n## Cost model (minimum bytes)\n\n| shape | dtype | pass | eager kernels | eager bytes | minimum bytes |\n"
-           "|---|---|---|---|---|---|\n")
+    md = ws.path("API_REPORT.md").read_text().replace(  # the report is in the run's language: so is the sentence
+        _("The deterministic engine cannot fuse this request; the run stops as BLOCKED_API."),
+        _("The templates cannot fuse this request; the `{engine}` engine writes the kernel at stage 5, held to the "
+          "same gates and tests.").format(engine=engine))
+    md += ("\n" + _("## Cost model (minimum bytes)") + "\n\n"
+           + _("| shape | dtype | pass | eager kernels | eager bytes | minimum bytes |") + "\n"
+           + "|---|---|---|---|---|---|\n")
     for c in rep["cost"]:
-        for p in ("forward", "backward"):
+        for p, shown_as in PASSES.items():
             if p in c:
                 x = c[p]
-                md += (f"| {c['binding']} | {c['dtype']} | {p} | {x['eager_kernels']} | {x['eager_bytes']:,} | "
-                       f"{x['fused_bytes']:,} |\n")
+                md += (f"| {c['binding']} | {c['dtype']} | {_(shown_as)} | {x['eager_kernels']} | "
+                       f"{x['eager_bytes']:,} | {x['fused_bytes']:,} |\n")
     write_text_atomic(ws.path("API_REPORT.md"), md)
     state.options["model_ops"] = ops
     return StageOutcome("completed", f"templates cannot lower {', '.join(ops)}; the {engine} engine writes the "
@@ -95,20 +100,21 @@ def design_stage(ws: Workspace, req, state) -> StageOutcome:
               ([{"kernel": f"{req.name} backward", "written_by": "model engine, stage 5"}] if spec["backward"] else []),
               "tiling": {"BLOCK": 1024, "num_warps": 4, "grid": "cdiv(n_elements, BLOCK)"},
               "verification": {"level0": l0, "level1": l1}}
-    lines = [f"# Design: {req.name}", "", "## Compute graph", "",
-             "The traced graphs are in SPEC.md. The templates cannot lower " + ", ".join(f"`{o}`" for o in ops) +
-             " (API_REPORT.md), so the kernels are written at stage 5 by the model engine.", "",
-             "## Fusion plan", "",
-             f"One kernel per pass ({len(design['kernels'])}): every op of the pass fused, each input read once and "
-             "each output written once, as the cost model's minimum bytes assume.", "",
-             "## Tiling and loops", "",
-             "- 1-D grid of `cdiv(n_elements, BLOCK)` programs, at least one; `BLOCK` = 1024, 4 warps.", "",
-             "## Memory layout", "",
-             "- Contiguous inputs walked as one flat range, int64 offsets, float32 compute, outputs rounded to their "
-             "dtype.", "",
-             "## Verification matrix", "",
-             f"Level 0: {len(l0)} cases (every SPEC dtype × every p0 shape). Level 1: {len(l1)} cases.", "",
-             "| id | level | dtype | binding | distribution |", "|---|---|---|---|---|"]
+    lines = [_("# Design: {op}").format(op=req.name), "", _("## Compute graph"), "",
+             _("The traced graphs are in SPEC.md. The templates cannot lower {ops} (API_REPORT.md), so the kernels "
+               "are written at stage 5 by the model engine.").format(ops=", ".join(f"`{o}`" for o in ops)), "",
+             "## " + _("Fusion plan"), "",
+             _("One kernel per pass ({n}): every op of the pass fused, each input read once and each output written "
+               "once, as the cost model's minimum bytes assume.").format(n=len(design["kernels"])), "",
+             "## " + _("Tiling and loops"), "",
+             _("- 1-D grid of `cdiv(n_elements, BLOCK)` programs, at least one; `BLOCK` = 1024, 4 warps."), "",
+             "## " + _("Memory layout"), "",
+             _("- Contiguous inputs walked as one flat range, int64 offsets, float32 compute, outputs rounded to their "
+               "dtype."), "",
+             "## " + _("Verification matrix"), "",
+             _("Level 0: {l0} cases (every SPEC dtype × every p0 shape). Level 1: {l1} cases.").format(
+                 l0=len(l0), l1=len(l1)), "",
+             _("| id | level | dtype | binding | distribution |"), "|---|---|---|---|---|"]
     lines += [f"| {c['id']} | {c['level']} | {c['dtype']} | {c['binding']} | {c['distribution']} |" for c in l0 + l1]
     write_json_atomic(ws.path("design.json"), design)
     write_text_atomic(ws.path("DESIGN.md"), "\n".join(lines) + "\n")
