@@ -108,6 +108,11 @@ def N_(message: str) -> str:
 
 KEYWORDS = {"_": None, "N_": None, "ngettext": (1, 2)}
 PACKAGE = Path(__file__).parent
+# Human text that lives in data files, by file: the keys whose values people read (each value of a mapping under
+# such a key, too). The catalogs hold them as if the code marked them; the code shows one with `_(value)`, or keeps
+# it as the template of a Msg.
+DATA_TEXTS = {"skills/graph_diagnose/signatures.yaml": ("advice",), "skills/test_triage/rules.yaml": ("why",),
+              "skills/helper/routes.yaml": ("why",), "skills/ci_fix/whitelist.yaml": ("ruff_rules",)}
 
 
 def part_of(relpath: str) -> str:
@@ -119,8 +124,30 @@ def part_of(relpath: str) -> str:
     return parts[0] if len(parts) > 1 else "opforge"
 
 
+def data_texts(path: Path, keys: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, text) of every string in the YAML file under one of `keys`."""
+    import yaml
+
+    found = []
+
+    def walk(node, wanted: bool) -> None:
+        if isinstance(node, yaml.ScalarNode):
+            if wanted and node.value:
+                found.append((node.start_mark.line + 1, node.value))
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                walk(value, wanted or key.value in keys)
+        elif isinstance(node, yaml.SequenceNode):
+            for value in node.value:
+                walk(value, wanted)
+
+    walk(yaml.compose(path.read_text()), False)
+    return found
+
+
 def extract_messages() -> dict[str, dict[str | tuple[str, str], list[tuple[str, int]]]]:
-    """{catalog: {message: [(file, line), ...]}} for every message the package marks (Babel's extractor)."""
+    """{catalog: {message: [(file, line), ...]}} for every message the package marks (Babel's extractor) and every
+    text of DATA_TEXTS."""
     from babel.messages.extract import extract_from_dir
 
     found: dict[str, dict] = {}
@@ -129,6 +156,9 @@ def extract_messages() -> dict[str, dict[str | tuple[str, str], list[tuple[str, 
         if isinstance(message, tuple):
             message = message[:2]
         found.setdefault(part_of(filename), {}).setdefault(message, []).append((filename, lineno))
+    for rel, keys in DATA_TEXTS.items():
+        for lineno, text in data_texts(PACKAGE / rel, keys):
+            found.setdefault(part_of(rel), {}).setdefault(text, []).append((rel, lineno))
     return found
 
 

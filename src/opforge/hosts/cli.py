@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from opforge.errors import InputError, report_error
-from opforge.i18n import set_language
 from opforge.hosts.layouts import HOSTS
+from opforge.i18n import set_language
 
 skills_app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                          help="Agent Skills: check skill folders against the format's rules.")

@@ -8,21 +8,13 @@ from pathlib import Path
 import yaml
 
 from opforge.errors import InputError
-from opforge.i18n import N_, Msg
+from opforge.i18n import Msg, data_texts
 
 DEFAULT_FILE = Path(__file__).with_name("whitelist.yaml")
 CODESPELL_KEYS = {"comments": bool, "docstrings": bool, "docs": list}
-# The reasons whitelist.yaml gives, so that the report can show them translated; a reason of one's own --config
-# is shown as written.
-DEFAULT_REASONS = (
-    N_("unused import removed; the module never reads the name (the proof allows exactly that import node to go)"),
-    N_("import block sorted and grouped; the proof compares the imports as a set within each contiguous block"),
-    N_("one import per line; the same names are bound"),
-    N_("stray semicolon at the end of a statement removed"),
-    N_("trailing whitespace removed"),
-    N_("newline added at the end of the file"),
-    N_("whitespace removed from a blank line"),
-)
+# whitelist.yaml's own reasons are in the catalogs (opforge.i18n.DATA_TEXTS): the report shows them translated; a
+# reason of one's own --config is shown as written
+DEFAULT_REASONS = frozenset(text for _line, text in data_texts(DEFAULT_FILE, ("ruff_rules",)))
 
 
 @dataclass

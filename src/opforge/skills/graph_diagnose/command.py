@@ -35,7 +35,7 @@ def _finish(out: Path, result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(json.loads((out / "result.json").read_text()), indent=2))
     else:
         typer.echo(summary_line(result))
-        typer.echo(_("next: {action}").format(action=result["next_action"]))
+        typer.echo(_("next: {action}").format(action=shown(result["next_action"])))
         typer.echo(_("wrote {path}").format(path=out / "analysis.md"))
     raise typer.Exit(0 if result["conclusion"] == "clean" else 1)
 

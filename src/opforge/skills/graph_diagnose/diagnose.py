@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from opforge.i18n import N_, Msg
 from opforge.skills.graph_diagnose.child import CHECK_ENV, DROP_ENV, OPCHECK_ENV
 from opforge.skills.graph_diagnose.logs import GB_ID, events
 
@@ -59,7 +60,7 @@ def event_finding(ev: dict) -> dict | None:
                  "guard": first.get("guard") or "?", "reason": first.get("reason") or "", "limit": first.get("limit"),
                  "value": first.get("value")}
         return {"conclusion": rule["conclusion"], "layer": rule["layer"], "rule": rule["id"],
-                "advice": rule["advice"].format(**words), "user_line": where,
+                "advice": Msg(rule["advice"], **words), "user_line": where,
                 "gb_id": first.get("gb_id"), "guard": first.get("guard")}
     return None
 
@@ -174,9 +175,8 @@ def _npu_rule(text: str) -> tuple[dict | None, dict]:
     names = {"version": profile.get("version"), "operator": found.get("operator") or "the op",
              "file": found["source"]["file"], "line": found["source"]["line"],
              "message_id": found.get("message_id")}
-    # the advice is complete here: {{ }} keeps the later .format() of every rule's advice from touching it
-    advice = rule["advice"].format(**names).replace("{", "{{").replace("}", "}}")
-    return {**rule, "id": found["id"], "advice": advice}, \
+    # the advice is complete here, a Msg: `_advice` fills only a signature's template
+    return {**rule, "id": found["id"], "advice": Msg(rule["advice"], **names)}, \
         {k: v for k, v in {"operator": found.get("operator"), "torch_npu_source": found["source"]}.items() if v}
 
 
@@ -245,9 +245,9 @@ def diagnose(script: Path, args: list[str], *, backend: str | None = None, timeo
         if finding:
             result = _event_result(result, finding, ev)
         elif ev["graph_breaks"] or ev["recompiles"]:
-            result["next_action"] = (f"Nothing to fix: the script runs to the end as it is ({len(ev['graph_breaks'])} "
-                                     f"graph break(s), {len(ev['recompiles'])} recompile(s), below what makes a "
-                                     "finding).")
+            result["next_action"] = Msg(N_("Nothing to fix: the script runs to the end as it is ({breaks} graph "
+                                           "break(s), {recompiles} recompile(s), below what makes a finding)."),
+                                        breaks=len(ev["graph_breaks"]), recompiles=len(ev["recompiles"]))
         return {**result, "events": ev}
     plain = step("no-compile", {OPCHECK_ENV: "1"})  # and the custom ops it runs checked by opcheck
     compiled = bool(first.backends) or plain.status == "ok"
@@ -298,8 +298,8 @@ def _bisect_result(result: dict, found: dict) -> dict:
     op = re.search(r"op='(?P<op>[\w.:]+)', overload='(?P<overload>\w+)'", found.get("debug_info") or "")
     operator = f"{op['op']}.{op['overload']}" if op else None
     evidence = {**result["evidence"], "bisect": found, **({"operator": operator} if operator else {})}
-    advice = rule["advice"].format(backend=found["backend"], subsystem=found["subsystem"],
-                                   number=found["bisect_number"], what=found.get("debug_info") or "")
+    advice = Msg(rule["advice"], backend=found["backend"], subsystem=found["subsystem"],
+                 number=found["bisect_number"], what=found.get("debug_info") or "")
     return {**result, "conclusion": rule["conclusion"], "layer": LAYER_OF_STEP.get(found["backend"], found["backend"]),
             "located": True, "rule": "bisected", "evidence": evidence, "next_action": advice}
 
@@ -311,8 +311,7 @@ def _foreign_result(result: dict, foreign: list[dict]) -> dict:
     where = {"file": first["file"], "line": first["line"]}
     evidence = {**result["evidence"], "operator": first["op"], "foreign": foreign,
                 "registered_at": _with_code(where)}
-    advice = rule["advice"].format(table=first["table"], operator=first["op"], file=first["file"],
-                                   line=first["line"])
+    advice = Msg(rule["advice"], table=first["table"], operator=first["op"], file=first["file"], line=first["line"])
     return {**result, "conclusion": rule["conclusion"], "layer": rule["layer"], "located": True,
             "rule": "foreign-entry", "evidence": evidence, "next_action": advice}
 
@@ -340,23 +339,25 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
                        "exception": _short(s.exception), "log": s.log} for s in steps]}
     if verdict == "clean":
         return {**base, "conclusion": "clean", "layer": None, "located": None, "rule": None, "evidence": {},
-                "graph_break": None, "next_action": "Nothing to fix: the script runs to the end as it is, without "
-                "graph breaks or recompiles.", "runs": True}
+                "graph_break": None, "next_action": Msg(N_("Nothing to fix: the script runs to the end as it is, "
+                                                           "without graph breaks or recompiles.")), "runs": True}
     exc = failing.exception
     where = _with_code(user_line(exc, script)) if exc else None
     evidence = {"step": failing.name, "exception": _short(exc), "user_line": where, **caught}
     if failing.status == "timeout":
         conclusion = "user_code" if failing.name == "no-compile" else "framework_bug"
         layer = ladder_layer
-        advice = (f"The script did not finish within the time limit at step {failing.name}"
-                  + (" (without compiling too): the hang is in the script itself." if failing.name == "no-compile"
-                     else "; it finishes without compiling: a compile-time or compiled-code hang in "
-                     f"{ladder_layer}. Rerun with TORCH_LOGS=+dynamo,graph_breaks to see where it stops."))
+        advice = (Msg(N_("The script did not finish within the time limit at step {step} (without compiling too): "
+                         "the hang is in the script itself."), step=failing.name) if failing.name == "no-compile"
+                  else Msg(N_("The script did not finish within the time limit at step {step}; it finishes without "
+                              "compiling: a compile-time or compiled-code hang in {layer}. Rerun with "
+                              "TORCH_LOGS=+dynamo,graph_breaks to see where it stops."),
+                           step=failing.name, layer=ladder_layer))
         rule_id, located = "timeout", False
     elif rule is not None:
         conclusion = rule["conclusion"]
         layer = rule["layer"] or ladder_layer
-        advice, rule_id, located = rule["advice"].format(**_advice_words(caught)), rule["id"], None
+        advice, rule_id, located = _advice(rule, caught), rule["id"], None
         if conclusion == "framework_bug":
             located = True
     else:  # a failure in a layer no rule explains: the framework, found at the ladder's step
@@ -365,9 +366,9 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
         located = frame is not None
         if frame:
             evidence["framework_frame"] = frame
-        advice = (f"It fails first at step {failing.name} ({ladder_layer}) with an error no known signature "
-                  f"explains: report it with repro.py; until then run with backend "
-                  f"'{_last_passing(failing.name)}', which works.")
+        advice = Msg(N_("It fails first at step {step} ({layer}) with an error no known signature explains: report "
+                        "it with repro.py; until then run with backend '{backend}', which works."),
+                     step=failing.name, layer=ladder_layer, backend=_last_passing(failing.name))
     if conclusion == "framework_bug" and failing.name == "no-compile":
         conclusion = "user_code"
     return {**base, "conclusion": conclusion, "layer": layer, "located": located if conclusion == "framework_bug"
@@ -375,11 +376,14 @@ def _result(script, args, steps, failing, verdict, rule, caught, ladder_layer) -
             "next_action": advice, "failing_step": failing.name, "runs": False}
 
 
-def _advice_words(caught: dict) -> dict:
-    """What a signature's advice may name: the operator (and its bare name), the module, the setting."""
-    return {"operator": caught.get("operator", "the operator"),
-            "name": caught.get("operator", "op").split("::")[-1].split(".")[0],
-            "module": caught.get("module", "the module"), "setting": caught.get("setting", "")}
+def _advice(rule: dict, caught: dict) -> Msg:
+    """A signature's advice, naming what it may: the operator (and its bare name), the module, the setting. (A
+    torch_npu signature's advice comes complete.)"""
+    if isinstance(rule["advice"], Msg):
+        return rule["advice"]
+    return Msg(rule["advice"], operator=caught.get("operator", "the operator"),
+               name=caught.get("operator", "op").split("::")[-1].split(".")[0],
+               module=caught.get("module", "the module"), setting=caught.get("setting", ""))
 
 
 def _with_code(where: dict | None) -> dict | None:
@@ -420,8 +424,8 @@ def conclude_log(ev: dict, source: str) -> dict:
     if exc is None:
         finding = event_finding(ev)
         clean = {**base, "conclusion": "clean", "layer": None, "located": None, "rule": None, "evidence": {},
-                 "graph_break": None, "next_action": "Nothing to fix in this log: no error, and no graph breaks or "
-                 "recompiles that make a finding.", "runs": True}
+                 "graph_break": None, "next_action": Msg(N_("Nothing to fix in this log: no error, and no graph "
+                                                            "breaks or recompiles that make a finding.")), "runs": True}
         if not finding:
             return clean
         found = _event_result(clean, finding, ev)
@@ -432,7 +436,7 @@ def conclude_log(ev: dict, source: str) -> dict:
     if rule is not None:
         return {**base, "conclusion": rule["conclusion"], "layer": rule["layer"] or layer_of(exc), "located": None,
                 "rule": rule["id"], "evidence": evidence, "graph_break": graph_break(exc),
-                "next_action": rule["advice"].format(**_advice_words(caught)), "runs": False}
+                "next_action": _advice(rule, caught), "runs": False}
     frame = framework_frame(exc)
     if frame:
         evidence["framework_frame"] = frame
@@ -440,6 +444,7 @@ def conclude_log(ev: dict, source: str) -> dict:
     return {**base, "conclusion": "framework_bug" if layer else "user_code", "layer": layer or "user",
             "located": frame is not None if layer else None, "rule": None, "evidence": evidence,
             "graph_break": graph_break(exc), "runs": False,
-            "next_action": (f"The first error surfaced in {layer} and no known signature explains it: run "
-                            "`opforge graph diagnose` on the script for the backend ladder, and report it with the "
-                            "log.") if layer else "The first error is raised by the user's code: fix it there."}
+            "next_action": Msg(N_("The first error surfaced in {layer} and no known signature explains it: run "
+                                  "`opforge graph diagnose` on the script for the backend ladder, and report it with "
+                                  "the log."), layer=layer) if layer
+            else Msg(N_("The first error is raised by the user's code: fix it there."))}

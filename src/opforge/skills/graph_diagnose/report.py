@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from opforge.i18n import N_, _
+from opforge.i18n import N_, _, shown
 from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 # the conclusion in words: English in repro.py, the chosen language in analysis.md and the summary line
@@ -137,7 +137,7 @@ def analysis_md(result: dict) -> str:
                       gb["explanation"] or "", "",
                       *["- " + _("hint: {hint}").format(hint=h.strip()) for h in gb["hints"]], ""]
     lines += events_md(result.get("events") or {})
-    lines += ["## " + _("Next action"), "", result["next_action"], ""]
+    lines += ["## " + _("Next action"), "", shown(result["next_action"]), ""]
     if result["steps"]:
         lines += ["## " + _("The ladder"), "", _("| step | status | seconds | error |"), "|---|---|---|---|"]
         for s in result["steps"]:
@@ -210,7 +210,7 @@ def write_summary(out: Path, rows: list[dict]) -> None:
     for c in ws[1]:
         c.font = Font(bold=True)
     for r in rows:
-        ws.append([r.get(k) for k in SUMMARY_COLUMNS])
+        ws.append([shown(r.get(k)) for k in SUMMARY_COLUMNS])
         row = ws.max_row
         if r["conclusion"] in FILLS:
             ws.cell(row, 2).fill = PatternFill("solid", fgColor=FILLS[r["conclusion"]])

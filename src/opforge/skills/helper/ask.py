@@ -237,7 +237,7 @@ def answer_text(found: dict) -> str:
     if found["route"]:
         r = found["route"]
         lines.append(_("This looks like an error for {skill} ({why}). Run: `{command}`").format(
-            skill=r["skill"], why=r["why"], command=r["command"]))
+            skill=r["skill"], why=_(r["why"]), command=r["command"]))
     if found.get("unknown"):
         lines.append(_("No indexed source defines {names}: nothing supports an answer to this question.").format(
             names=", ".join(f"`{u}`" for u in found["unknown"])))

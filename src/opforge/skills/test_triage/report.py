@@ -17,23 +17,6 @@ from opforge.i18n import N_, _, ngettext
 from opforge.workspace.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 CATEGORY_ORDER = ("missing_dispatch", "behaviour_mismatch", "memory", "environment", "upstream", "test_expectation")
-# rules.yaml's `why`s, for the catalog: triage.json keeps each in English, triage.md shows it in the chosen
-# language (a `why` missing here is shown as rules.yaml words it)
-WHYS = (
-    N_("the same test fails on the CPU, so the test or PyTorch's reference is at fault, not the backend"),
-    N_("an operator the test reaches has no kernel registered for the device"),
-    N_("the device's kernel refuses a dtype the CPU computes"),
-    N_("an allocation failed"),
-    N_("the test could not run here (a module, a library or the shard's process was missing)"),
-    N_("upstream expects this test to fail (an expectedFailure of the OpInfo) and on the device it passes"),
-    N_("the test's own code raised before the device's behaviour was judged"),
-    N_("the test's process died on the device (a signal from the backend's code)"),
-    N_("the test stopped making progress on the device and was killed"),
-    N_("the device's result and the fake (Meta) result differ in shape, dtype or device"),
-    N_("the device's result differs from the CPU's"),
-    N_("the operator raised on the device where the CPU computes"),
-    N_("no rule matched; the device's behaviour is the first suspect"),
-)
 # summary.xlsx's headers (its sheet keeps the name `clusters`)
 XLSX_HEAD = (N_("cluster"), N_("category"), N_("rule"), N_("operator"), N_("tests"), N_("dtypes"), N_("generic tests"),
              N_("flaky"), N_("reruns passed"), N_("cpu twins"), N_("signature"), N_("causal frame"), N_("tests file"),
