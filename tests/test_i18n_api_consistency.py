@@ -46,7 +46,8 @@ def cases(tmp_path_factory) -> Path:
         def inputs():
             return torch.randn(64), torch.randn(64)
         """))
-    (d / "impls.py").write_text("def add_crash(x, y):\n    return x + y[:-1]\n")
+    # a module name no other test imports: custom targets are imported by name, and Python keeps the first
+    (d / "zh_impls.py").write_text("def add_crash(x, y):\n    return x + y[:-1]\n")
     return d
 
 
@@ -60,7 +61,7 @@ def diagnosed(cases):
 
     out = []
     for spec, target in [("rope_fp16_overflow.py", "half"), ("scaled_softmax_promotion.py", "half"),
-                         ("row_sum.py", "custom:kernels:row_sum_shuffled"), ("add.py", "custom:impls:add_crash"),
+                         ("row_sum.py", "custom:kernels:row_sum_shuffled"), ("add.py", "custom:zh_impls:add_crash"),
                          ("row_sum.py", "half")]:
         case = load_case(str(cases / spec), None)
         out.append(diagnose(case, parse_target(target, case.path.parent), seed=0, runs=3))
