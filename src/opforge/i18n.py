@@ -19,6 +19,7 @@ import contextlib
 import gettext
 import io
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,9 +31,9 @@ _current: str | None = None  # None: not chosen yet, OPFORGE_LANG decides at fir
 
 
 def check_language(lang: str, where: str = "--lang") -> str:
-    """`lang` normalised ("zh_CN" and "zh-Hans" are "zh"); InputError naming `where` for a language with no
-    catalog."""
-    base = lang.strip().replace("-", "_").split("_")[0].lower()
+    """`lang` normalised ("zh_CN", "zh-Hans" and "zh.UTF-8" are "zh"); InputError naming `where` for a language
+    with no catalog."""
+    base = re.split(r"[-_.@]", lang.strip())[0].lower()
     if base not in LANGUAGES:
         raise InputError(where, f"unknown language {lang!r}: expected one of {', '.join(LANGUAGES)}")
     return base
