@@ -5,8 +5,11 @@ tests and benchmark: each edit is a real change to the C++ or Python a backend t
   abs   wrong for a dtype   float16 results negated after the vendor call
   sub   non-contiguous      a non-contiguous `self` read as if it were contiguous
   sgn   wrong Meta shape    a Meta kernel registered from the backend's Python that drops the last dimension
-  add   flaky               one call in twenty negates its result (add, as no other planted op's tests reach
-                            it: a flaky mul reached abs's gradient, sgn(x) * grad, and made abs's cluster flaky)
+  add   flaky               the run's first add negates its result, later ones are right: the test that made it
+                            fails and passes when rerun (the run is the processes that share OPDEV_FLAKY_MARK, a
+                            file the first add creates; without it add is right). A random one-in-twenty failure
+                            also failed the reruns of tests that add many times. add, as no other planted op's
+                            tests reach it (a flaky mul reached abs's gradient, sgn(x) * grad)
 
 and two in its process group (python/process_group.py), for the collectives suite:
 
@@ -41,8 +44,12 @@ _CONTIGUOUS_SELF = """  // a non-contiguous self read as if it were contiguous
   EXEC_OPDEV_CMD(vkSub, flat, other, alpha, out);"""
 
 _FLAKY = """  EXEC_OPDEV_CMD(vkAdd, self, other, alpha, out);
-  static std::mt19937 gen{std::random_device{}()};
-  if (std::uniform_int_distribution<int>(0, 19)(gen) == 0) EXEC_OPDEV_CMD(vkNeg, out, out);"""
+  const char* mark = std::getenv("OPDEV_FLAKY_MARK");
+  int fd = mark ? ::open(mark, O_CREAT | O_EXCL | O_WRONLY, 0644) : -1;  // created once, by one process
+  if (fd >= 0) {
+    ::close(fd);
+    EXEC_OPDEV_CMD(vkNeg, out, out);
+  }"""
 
 _WRONG_META = '''"""A Meta kernel for aten::sgn that drops the last dimension."""
 import torch
@@ -69,7 +76,8 @@ def planted_backend(dest: Path) -> Path:
           "  if (self.scalar_type() == at::kHalf) EXEC_OPDEV_CMD(vkNeg, out, out);\n")
     _edit(dest / "ops" / "SubKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkSub, self, other, alpha, out);", _CONTIGUOUS_SELF)
     _edit(dest / "ops" / "AddKernelOpdev.cpp", "  EXEC_OPDEV_CMD(vkAdd, self, other, alpha, out);", _FLAKY)
-    _edit(dest / "ops" / "AddKernelOpdev.cpp", '#include "ops/OpApi.h"', '#include "ops/OpApi.h"\n\n#include <random>')
+    _edit(dest / "ops" / "AddKernelOpdev.cpp", '#include "ops/OpApi.h"',
+          '#include "ops/OpApi.h"\n\n#include <fcntl.h>\n#include <unistd.h>\n\n#include <cstdlib>')
     (dest / "python" / "wrong_meta.py").write_text(_WRONG_META)
     pg = dest / "python" / "process_group.py"
     _edit(pg, "    def allreduce(self, tensors, opts):\n",
