@@ -232,7 +232,7 @@ def test_reduction_strategy_is_a_knob(tmp_path, monkeypatch):
 
 def test_accelerator_report_renders_measured_rows(rms, tmp_path):
     # PERF.md and perf.png as a GPU run writes them, from rows measured here through the same loop
-    from opforge.skills.op_perf.stage import _md, _plot
+    from opforge.skills.op_perf.stage import _plot, render_perf
     from opforge.workspace import Workspace
 
     req, impl, _ = rms
@@ -249,7 +249,7 @@ def test_accelerator_report_renders_measured_rows(rms, tmp_path):
     perf = {"device": "cuda", "device_name": "test", "torch": torch.__version__, "kernel_timing": None,
             "compile_modes": {"compile_default": "default"},
             "copy_ceiling": ceiling, "rows": [row], "tuning": tuning}
-    md = _md(req, perf)
+    md = render_perf({**perf, "op_name": req.name, "perf_target": req.perf_target})
     assert "| fused |" in md and "× eager" in md and "% copy ceiling" in md
     assert f"{row['figures']['forward']['speedup_vs_eager']:.2f}×" in md
     assert "| 1 | {'TILE': 2048} | measured (best) | 0.9000 |" in md

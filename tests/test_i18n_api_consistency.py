@@ -13,7 +13,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from opforge import i18n
 from opforge.i18n import using
 from opforge.skills.api_consistency.command import api_consistency
 
@@ -24,12 +23,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "consistency"
 
 app = typer.Typer()
 app.command()(api_consistency)
-
-
-@pytest.fixture(autouse=True)
-def keep_language(monkeypatch):
-    """--lang sets the process's language: put it back after each test."""
-    monkeypatch.setattr(i18n, "_current", i18n.language())
 
 
 @pytest.fixture(scope="module")

@@ -209,12 +209,12 @@ def _cpu_perf(times: dict) -> dict:
 
 
 def test_perf_states_the_target_and_that_a_cpu_did_not_measure_it():
-    from opforge.skills.op_perf.stage import _md, _ms
+    from opforge.skills.op_perf.stage import _ms, render_perf
 
     req = SimpleNamespace(name="op", perf_target={"speedup_vs_eager": 3.0})
     times = {"eager_forward": {"median_ms": 812.5, "iqr_ms": 0.0, "runs": 1, "timer": "cpu"},
              "compile_default_forward": {"median_ms": 0.012346, "iqr_ms": 0.00021, "runs": 40, "timer": "cpu"}}
-    md = _md(req, _cpu_perf(times))
+    md = render_perf({**_cpu_perf(times), "op_name": req.name, "perf_target": req.perf_target})
     target = md.split("## Target", 1)[1].split("## ", 1)[0]
     assert "`perf_target.speedup_vs_eager` = 3 (speedup over eager ≥ 3×)" in target
     assert "**not measured**: kernel timing needs an accelerator" in target
@@ -222,17 +222,17 @@ def test_perf_states_the_target_and_that_a_cpu_did_not_measure_it():
     assert "| compile_default | 0.01235 ± 0.00021 |" in md
     assert _ms({"median_ms": 0.099996, "iqr_ms": 0.0, "runs": 3}) == "0.1000 ± 0"  # rounded, then to 4 digits
     assert table_problems(md) == []
-    assert "The request sets no `perf_target`." in _md(SimpleNamespace(name="op", perf_target={}), _cpu_perf(times))
+    assert "The request sets no `perf_target`." in render_perf({**_cpu_perf(times), "op_name": "op", "perf_target": {}})
 
 
 def test_perf_on_an_accelerator_compares_each_row_with_the_target():
-    from opforge.skills.op_perf.stage import _md
+    from opforge.skills.op_perf.stage import render_perf
 
     perf = _cpu_perf({"eager_forward": {"median_ms": 1.0, "iqr_ms": 0.01, "reps": 100},
                       "fused_forward": {"median_ms": 0.5, "iqr_ms": 0.002, "reps": 100}})
     perf.update(device="cuda", kernel_timing=None, copy_ceiling={"gbps": 100.0})
     perf["rows"][0]["figures"] = {"forward": {"fused_ms": 0.5, "gbps": 1.0, "speedup_vs_eager": 2.0}}
-    md = _md(SimpleNamespace(name="op", perf_target={"speedup_vs_eager": 3.0}), perf)
+    md = render_perf({**perf, "op_name": "op", "perf_target": {"speedup_vs_eager": 3.0}})
     assert "| {'N': 8} | float32 | forward | 2.00× | **no** |" in md
     assert table_problems(md) == []
 

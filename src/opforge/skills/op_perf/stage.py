@@ -228,11 +228,6 @@ def _target_lines(perf: dict) -> list[str]:
     return lines
 
 
-def _md(req: Request, perf: dict) -> str:
-    """PERF.md for `req` from perf.json's data (its name and perf_target taken from the request)."""
-    return render_perf({**perf, "op_name": req.name, "perf_target": req.perf_target})
-
-
 def _tuning_reason(t: dict) -> str:
     if t.get("shapes"):  # as stage 7 joins them, from each shape's stop
         return "; ".join(_("{shape}: stopped, {stop}").format(shape=s["binding"], stop=_stop(s["stop"]))
