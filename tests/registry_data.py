@@ -9,10 +9,11 @@ The pr-analysis tests need a real backend profile. The torch-npu wheel on PyPI c
   format with keys sorted (`func:` is not always an entry's first key).
 
 `ensure()` downloads the wheel once with pip (`pip download --no-deps`, a pinned platform tag, so the same file on
-every host), copies the two yaml files out of it and drops the wheel; the wheel is only read as a zip, never
-installed or imported. The files are cached under `.cache/registry/torch_npu-VERSION/` in the checkout
-(git-ignored, `OPFORGE_TEST_DATA_CACHE` moves it), with SOURCE.json naming the wheel and its sha256; a second call
-downloads nothing. Offline, `OPFORGE_TORCH_NPU_WHEEL=/path/to/torch_npu-VERSION-*.whl` reads a local copy.
+every host), copies the two yaml files out of it and keeps the wheel beside them (`wheel()`: the helper's tests read
+the files its knowledge cards cite); the wheel is only read as a zip, never installed or imported. The files are
+cached under `.cache/registry/torch_npu-VERSION/` in the checkout (git-ignored, `OPFORGE_TEST_DATA_CACHE` moves it),
+with SOURCE.json naming the wheel and its sha256; a second call downloads nothing. Offline,
+`OPFORGE_TORCH_NPU_WHEEL=/path/to/torch_npu-VERSION-*.whl` reads a local copy.
 
 `python tests/registry_data.py` (scripts/setup.sh runs it) fetches and prints the cache folder; it exits 1 with
 one line saying why when the registry cannot be reached.
@@ -38,6 +39,7 @@ WHEEL_TAGS = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
 NATIVE = "torch_npu/csrc/aten/npu_native_functions.yaml"
 BY_CODEGEN = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 MEMBERS = (NATIVE, BY_CODEGEN)
+WHEEL = "torch_npu.whl"
 
 
 class RegistryDataError(RuntimeError):
@@ -83,7 +85,7 @@ def _extract(wheel: Path, dest: Path) -> None:
 def ensure() -> Path:
     """The cache folder holding npu_native_functions.yaml and npu_native_functions_by_codegen.yaml."""
     out = cache_dir()
-    if (out / "SOURCE.json").is_file() and all((out / Path(m).name).is_file() for m in MEMBERS):
+    if (out / "SOURCE.json").is_file() and all((out / Path(m).name).is_file() for m in (*MEMBERS, WHEEL)):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
@@ -95,6 +97,7 @@ def ensure() -> Path:
         staged = tmp / "data"
         staged.mkdir()
         _extract(wheel, staged)
+        shutil.copyfile(wheel, staged / WHEEL)
         shutil.rmtree(out, ignore_errors=True)  # a folder left half-written by an older layout
         try:
             staged.rename(out)
@@ -112,6 +115,11 @@ def native_yaml() -> Path:
 def by_codegen_yaml() -> Path:
     """Every overload torch_npu implements for this torch release (its own merged with op-plugin's)."""
     return ensure() / Path(BY_CODEGEN).name
+
+
+def wheel() -> Path:
+    """The torch-npu wheel itself, to read other files out of."""
+    return ensure() / WHEEL
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """`opforge helper ask`: a question in, ranked citations and a short answer out.
 
   route     an error message or log in the question names the skill that diagnoses it (routes.yaml)
+  knowledge the knowledge base's cards whose asks hold the question's words lend weight to the passages they cite
+            (knowledge.py: the bridge from a developer's words to the source's names)
   symbols   names the question gives (`rename_privateuse1_backend`, `Library.impl`, `add.Tensor`, GB0042) looked up
             in the exact symbol table
   search    the question's words, BM25-ranked over each passage's names and text (FTS5)
@@ -24,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from opforge.i18n import _
+from opforge.skills.helper import knowledge
 from opforge.skills.helper.chunks import module_name
 from opforge.skills.helper.index import WEIGHTS
 
@@ -45,6 +48,12 @@ GRAPH_BREAK_ASKED = r"graph.?break|\bGB\d+|\bsays\b|\breports\b|stopped tracing|
 UNASKED = 0.6
 UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
 NATIVE = " AND c.path LIKE '%native_functions.yaml'"
+KNOWN = 1.0  # the best matching card's bonus to the passages it cites, as a share of the best BM25 score
+CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 score against the best card's
+CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
+CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
+CARD_SURE = 0.3  # ... and to vouch that the question is supported
+CITE_DECAY = 0.8  # a card's later cites are its secondary answers: each lends this much of the one before
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
 STOP = set("""a an and are as at be by can do does for from how i if in into is it its my of on or should so that the
 their then there these this to use used using via was we what when where which who why will with without you your
@@ -132,13 +141,18 @@ _COLUMNS = "c.corpus, c.path, c.line, c.end_line, c.symbol, c.kind, c.text, c.su
 
 
 def _made_up(db: sqlite3.Connection, ident: str) -> bool:
-    """A torch or torch_npu API the question names that no source defines: `torch.npu.flux_capacitor_sync`.
-    Only a many-word name counts: `torch.mydev` is how users write their own device's module."""
-    root, _dot, last = ident.partition(".")
-    if root not in ("torch", "torch_npu") or "_" not in last.rsplit(".", 1)[-1].strip("_"):
+    """An API the question names that no source defines or mentions: `torch.npu.flux_capacitor_sync`, an option
+    `npu_kv_offload_policy`. Only a many-word name counts: `torch.mydev` is how users write their own device's
+    module, and `my_op` their own operator."""
+    root, dot, _last = ident.partition(".")
+    name = ident.rsplit(".", 1)[-1].strip("_")
+    if root in ("torch", "torch_npu") and dot and "_" in name:
+        return db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (name.lower(),)).fetchone() is None
+    if "." in ident or name.count("_") < 2 or not re.fullmatch(r"[a-z0-9_]+", name):
         return False
-    name = last.rsplit(".", 1)[-1].lower()
-    return db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (name,)).fetchone() is None
+    return (db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (name,)).fetchone() is None
+            and db.execute("SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1", (_fts(name.replace("_", " ")),)).fetchone()
+            is None)
 
 
 def _prior(symbol: str, path: str, kind: str, summary: str) -> float:
@@ -193,6 +207,22 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
                             "LIMIT 20", [query, *params]):
             rows.setdefault(r[8], r)
             bonus[r[8]] = bonus.get(r[8], 0.0) + SURE * top
+    known, vouched, lent = [], False, {}
+    weight = sum(idf.values())
+    cards = knowledge.match(words, CARDS)
+    for card, score, held in cards:
+        share = sum(idf[w] for w in held) / weight if weight else 0.0
+        cited = [i for i in (knowledge.resolve(db, c) for c in card["cites"] if not corpora or c["corpus"] in corpora)
+                 if i is not None]
+        if score < CARD_NEAR * cards[0][1] or share < CARD_HELD or not cited:
+            continue
+        vouched |= share >= CARD_SURE
+        known.append({"id": card["id"], "answer": card["answer"], "cites": cited})
+        for n, i in enumerate(cited):
+            lent[i] = lent.get(i, 0.0) + KNOWN * top * score / cards[0][1] * CITE_DECAY ** n
+        marks = ",".join("?" * len(cited))
+        for r in db.execute(f"SELECT {_COLUMNS} FROM chunks c WHERE c.id IN ({marks})", cited):
+            rows.setdefault(r[8], r)
     missing = [i for i in rows if i not in bm25]
     if missing and match:
         marks = ",".join("?" * len(missing))
@@ -203,14 +233,13 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     named_corpora = {c for c, pattern in CORPUS_NAMED.items() if re.search(pattern, question, re.I)}
     asked_kinds = {kind for pattern, kind in ASKED_KIND if re.search(pattern, question, re.I)}
     unasked = set() if re.search(GRAPH_BREAK_ASKED, question, re.I) else {"graph-break"}
-    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
+    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0) + lent.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
               * (ASKED_CORPUS if r[0] in named_corpora else 1.0) * (ASKED if r[5] in asked_kinds else 1.0)
               * (UNASKED if r[5] in unasked else 1.0)
               for i, r in rows.items()}
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
     def coverage(chunk_id: int) -> float:
-        weight = sum(idf.values())
         if not weight:
             return 0.0
         held = sum(idf[w] for w in words if db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?",
@@ -224,9 +253,11 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         citations.append(c)
     best = coverage(ranked[0]) if ranked else 0.0
     unknown = [i for i, _sure in named if _made_up(db, i)]
-    supported = bool(ranked) and not unknown and (bonus.get(ranked[0], 0.0) >= SURE * top or best >= SUPPORT)
+    supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
+    # the cards that vouch for the first citation: their answer leads the reply
+    known = [{"id": k["id"], "answer": k["answer"]} for k in known if supported and ranked[0] in k["cites"]]
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
-            "unknown": unknown,
+            "unknown": unknown, "knowledge": known,
             "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],
             "unsupported_candidates": [] if supported else [asdict(c) for c in citations[:3]]}
 
@@ -249,6 +280,7 @@ def answer_text(found: dict) -> str:
         return "\n".join(lines)
     best, *more = found["citations"]
     where = "`{symbol}` ({corpus}: {path}:{line})"
+    lines.extend(k["answer"] for k in found.get("knowledge", [])[:1])
     lines.append(where.format(**best) + (f": {best['summary']}" if best["summary"] else "."))
     for c in more[:2]:
         lines.append(_("See also {where}").format(where=where.format(**c))

@@ -3,7 +3,8 @@ asks about. Paths are relative to the root (`torch/utils/backend_registration.py
 on every machine.
 
   torch      the installed torch (its site-packages folder): Python source, torchgen's yaml, the graph-break
-             registry, and the C++ headers of c10, ATen (not the 7,000 generated per-op headers) and torch/csrc
+             registry, and the C++ headers of c10, ATen (not the 7,000 generated per-op headers), torch/csrc and the
+             extension API (torch/library.h: TORCH_LIBRARY)
   torch-npu  the torch-npu wheel, read as a zip: never imported (it needs the Ascend stack)
   opforge    opforge's own package: its Python, SKILL.md files and docs, and the README beside a source checkout
   PATH       any folder: every file of a kind the chunker knows
@@ -24,7 +25,10 @@ from opforge.errors import InputError
 NPU_VERSION = "2.13.0"
 KNOWN = (".py", ".h", ".hpp", ".cuh", ".yaml", ".yml", ".md", ".rst")
 SKIP_DIRS = {"__pycache__", ".git", ".venv", "node_modules", "third_party"}
-TORCH_HEADERS = ("torch/include/c10/", "torch/include/ATen/", "torch/include/torch/csrc/")
+TORCH_HEADERS = ("torch/include/c10/", "torch/include/ATen/", "torch/include/torch/csrc/",
+                 # the C++ extension API: TORCH_LIBRARY, custom classes
+                 "torch/include/torch/library.h", "torch/include/torch/custom_class.h",
+                 "torch/include/torch/extension.h", "torch/include/torch/script.h")
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,9 @@ def opforge_files() -> Iterator[File]:
 
     package = Path(opforge.__file__).resolve().parent
     root = package.parent
+    cards = package / "skills" / "helper" / "knowledge"  # the cards point at passages; they are none themselves
     for p in _walk(root, "opforge"):
-        if p.suffix in (".py", ".md", ".yaml"):
+        if p.suffix in (".py", ".md", ".yaml") and p.parent != cards:
             yield File(p.relative_to(root).as_posix(), p.read_bytes())
     readme = root.parent / "README.md"  # a source checkout's README (src/ layout)
     if root.name == "src" and readme.is_file():
