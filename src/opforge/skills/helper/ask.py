@@ -48,10 +48,11 @@ GRAPH_BREAK_ASKED = r"graph.?break|\bGB\d+|\bsays\b|\breports\b|stopped tracing|
 UNASKED = 0.6
 UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
 NATIVE = " AND c.path LIKE '%native_functions.yaml'"
-KNOWN = 1.0  # the best matching card's bonus to the passages it cites, as a share of the best BM25 score
+KNOWN = 1.0  # the best matching card's bonus to the passages it cites, as a share of the best passage's score
 CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 score against the best card's
 CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
+CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
 CITE_DECAY = 0.8  # a card's later cites are its secondary answers: each lends this much of the one before
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -219,7 +220,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         vouched |= share >= CARD_SURE
         known.append({"id": card["id"], "answer": card["answer"], "cites": cited})
         for n, i in enumerate(cited):
-            lent[i] = lent.get(i, 0.0) + KNOWN * top * score / cards[0][1] * CITE_DECAY ** n
+            lent[i] = lent.get(i, 0.0) + score / cards[0][1] * CITE_DECAY ** n * min(1.0, share / CARD_FULL)
         marks = ",".join("?" * len(cited))
         for r in db.execute(f"SELECT {_COLUMNS} FROM chunks c WHERE c.id IN ({marks})", cited):
             rows.setdefault(r[8], r)
@@ -233,10 +234,15 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     named_corpora = {c for c, pattern in CORPUS_NAMED.items() if re.search(pattern, question, re.I)}
     asked_kinds = {kind for pattern, kind in ASKED_KIND if re.search(pattern, question, re.I)}
     unasked = set() if re.search(GRAPH_BREAK_ASKED, question, re.I) else {"graph-break"}
-    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0) + lent.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
+    scored = {i: (bm25.get(i, 0.0) + bonus.get(i, 0.0)) * _prior(r[4], r[1], r[5], r[7])
               * (ASKED_CORPUS if r[0] in named_corpora else 1.0) * (ASKED if r[5] in asked_kinds else 1.0)
               * (UNASKED if r[5] in unasked else 1.0)
               for i, r in rows.items()}
+    # a card's weight is a judgment already made about its passages: a share of the best passage's whole score,
+    # which the priors do not discount
+    best_scored = max(scored.values(), default=0.0)
+    for i, share in lent.items():
+        scored[i] += KNOWN * best_scored * share
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
     def coverage(chunk_id: int) -> float:

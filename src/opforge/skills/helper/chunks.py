@@ -92,6 +92,10 @@ def python(path: str, source: str) -> list[Chunk]:
                                  first_paragraph(ast.get_docstring(node)) or _comment(lines, above, start)))
                 if isinstance(node, ast.ClassDef):
                     visit(node.body, name)  # methods and nested classes; a function's own closures stay in it
+            elif isinstance(node, (ast.If, ast.Try)):  # `if not is_available(): ... else: class DeviceMesh`
+                for block in (node.body, node.orelse, getattr(node, "finalbody", []),
+                              *(h.body for h in getattr(node, "handlers", []))):
+                    visit(block, prefix)
 
     visit(tree.body, module)
 
@@ -151,15 +155,21 @@ def _block_end(lines: list[str], start: int) -> int:
 
 
 def yaml_entries(path: str, source: str) -> list[Chunk]:
-    """A yaml list's entries, each `- key: value` line starting one; named by that first value up to its `(`."""
+    """A yaml list's entries, each `- key: value` line starting one; named by its `func:` (an operator's schema,
+    wherever the entry puts it: torchgen's sorted backend yaml starts with `device_check:`) or else its first value,
+    up to the `(`."""
     lines = source.splitlines()
     starts = [i + 1 for i, line in enumerate(lines) if re.match(r"-\s+\w+:", line)]
+    if not starts:  # a list of names under a key (`supported:` in a backend yaml): each item is an entry
+        starts = [i + 1 for i, line in enumerate(lines) if re.match(r"\s*-\s+\S", line)]
     out = []
     for n, start in enumerate(starts):
         end = (starts[n + 1] - 1) if n + 1 < len(starts) else len(lines)
         while end > start and not lines[end - 1].strip():
             end -= 1
-        value = lines[start - 1].split(":", 1)[1].strip()
+        func = next((line for line in lines[start - 1:end] if re.match(r"-?\s*func:", line.strip())), None)
+        first = func or lines[start - 1]
+        value = first.split(":", 1)[1].strip() if ":" in first else first.strip().lstrip("- ")
         name = value.split("(")[0].strip().strip("'\"") or f"entry {n + 1}"
         begin = _comment_above(lines, start)
         out.append(Chunk(name, "entry", begin, end, _lines(lines, begin, end), _comment(lines, begin, start)
