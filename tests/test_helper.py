@@ -90,10 +90,12 @@ def built(tmp_path_factory):
     return path, json.loads(result.output)
 
 
-@pytest.mark.parametrize("questions, top3, refused", [
-    ("qa.yaml", 0.75, 5),  # built from the tools' ground truth; measured 0.79
-    ("qa_npu.yaml", 0.55, 0),  # torch_npu's registration; measured 0.61
-    ("qa_heldout.yaml", 0.65, 3),  # written without looking at the helper or its cards; measured 0.72, 3 of 5
+@pytest.mark.parametrize("questions, top3, refused", [  # floors a little under what was measured
+    ("qa.yaml", 0.78, 5),  # built from the tools' ground truth; measured 0.83, 5 of 5 refused
+    ("qa_npu.yaml", 0.85, 0),  # torch_npu's registration; measured 0.92
+    # written without looking at the helper or its cards: questions it was not tuned on
+    ("qa_heldout.yaml", 0.75, 4),  # measured 0.82, 4 of 5 refused
+    ("qa_heldout2.yaml", 0.78, 4),  # measured 0.84, 4 of 5 refused
 ])
 def test_the_shipped_question_sets_are_answered_with_citations(built, questions, top3, refused):
     path, made = built

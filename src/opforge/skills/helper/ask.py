@@ -37,6 +37,7 @@ CORPUS_NAMED = {  # a question that names a corpus asks about it: torch_npu's ow
     "opforge": r"opforge|test-triage|graph-diagnose|graph diagnose|api-consistency|op-adapt|ci-fix|pr-analysis",
 }
 ASKED_CORPUS = 2.5
+UNASKED_BACKEND = 0.6  # torch-npu's passages in answer to a question that names no backend: upstream's question
 ASKED_KIND = [  # what a question asks for by its words: a setting, a class, a yaml entry
     (r"\b(setting|config|configuration|flag|option)s?\b", "setting"),
     (r"\b(base )?class(es)?\b", "class"),
@@ -52,8 +53,9 @@ KNOWN = 1.0  # the best matching card's bonus to the passages it cites, as a sha
 CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 score against the best card's
 CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
-CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
+KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or its card) must hold
+CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
 CITE_DECAY = 0.8  # a card's later cites are its secondary answers: each lends this much of the one before
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
 STOP = set("""a an and are as at be by can do does for from how i if in into is it its my of on or should so that the
@@ -208,7 +210,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
                             "LIMIT 20", [query, *params]):
             rows.setdefault(r[8], r)
             bonus[r[8]] = bonus.get(r[8], 0.0) + SURE * top
-    known, vouched, lent = [], False, {}
+    known_cards, vouched, lent = [], False, {}
     weight = sum(idf.values())
     cards = knowledge.match(words, CARDS)
     for card, score, held in cards:
@@ -218,7 +220,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         if score < CARD_NEAR * cards[0][1] or share < CARD_HELD or not cited:
             continue
         vouched |= share >= CARD_SURE
-        known.append({"id": card["id"], "answer": card["answer"], "cites": cited})
+        known_cards.append({"card": card, "cites": cited})
         for n, i in enumerate(cited):
             lent[i] = lent.get(i, 0.0) + score / cards[0][1] * CITE_DECAY ** n * min(1.0, share / CARD_FULL)
         marks = ",".join("?" * len(cited))
@@ -243,6 +245,10 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     best_scored = max(scored.values(), default=0.0)
     for i, share in lent.items():
         scored[i] += KNOWN * best_scored * share
+    if "torch-npu" not in named_corpora:
+        for i, r in rows.items():
+            if r[0] == "torch-npu":
+                scored[i] *= UNASKED_BACKEND
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
     def coverage(chunk_id: int) -> float:
@@ -260,8 +266,15 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     best = coverage(ranked[0]) if ranked else 0.0
     unknown = [i for i, _sure in named if _made_up(db, i)]
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
+    if supported and KEY_WORDS and not bonus.get(ranked[0]):
+        # the question's rarest words name what it is about: an answer that holds none of them is about something else
+        vouching = [k["card"] for k in known_cards if ranked[0] in k["cites"]]
+        supported = any(db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?", (ranked[0], _fts(w))).fetchone()
+                        or any(knowledge.holds(card, w) for card in vouching)
+                        for w in sorted(words, key=lambda w: -idf[w])[:KEY_WORDS])
     # the cards that vouch for the first citation: their answer leads the reply
-    known = [{"id": k["id"], "answer": k["answer"]} for k in known if supported and ranked[0] in k["cites"]]
+    known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in known_cards
+             if supported and ranked[0] in k["cites"]]
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
             "unknown": unknown, "knowledge": known,
             "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],

@@ -94,6 +94,13 @@ def match(words: list[str], limit: int = 5) -> list[tuple[dict, float, set[str]]
     return found
 
 
+def holds(card: dict, word: str) -> bool:
+    """Whether a card's asks or answer hold a word, as the card search stems it."""
+    rowid = next(n for n, c in enumerate(cards()) if c["id"] == card["id"])
+    return _card_index().execute("SELECT 1 FROM cards WHERE rowid = ? AND cards MATCH ?",
+                                 (rowid, '"' + word.replace('"', "") + '"')).fetchone() is not None
+
+
 def resolve(db: sqlite3.Connection, cite: dict) -> int | None:
     """The indexed passage a cite names: its symbol in its file, or the file's first passage."""
     if "symbol" in cite:
