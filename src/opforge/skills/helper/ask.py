@@ -54,7 +54,8 @@ CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 sc
 CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
-KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or its card) must hold
+KEY_WORDS = 3  # the question's rarest words, one of which the first citations (or their cards) must hold
+KEY_SPAN = 1  # ... the first how many
 CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
 CITE_DECAY = 0.8  # a card's later cites are its secondary answers: each lends this much of the one before
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -194,6 +195,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
 
     bonus: dict[int, float] = {}
     named = identifiers(question)
+    asked: set[int] = set()  # passages the question names outright: `Library.impl`, aten::mul.out
     for ident, sure in named:
         op = ident.startswith("aten::")  # an ATen operator is declared in native_functions.yaml, nowhere else
         for r in db.execute(f"SELECT {_COLUMNS} FROM symbols s JOIN chunks c ON c.id = s.chunk "
@@ -201,6 +203,8 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
                             [ident.removeprefix("aten::").lower(), *params]):
             rows.setdefault(r[8], r)
             bonus[r[8]] = max(bonus.get(r[8], 0.0), sure * top)
+            if sure == SURE and re.fullmatch(r"[\w.:]+", ident) and re.search(r"[_.:]|[a-z][A-Z]", ident):
+                asked.add(r[8])
     for phrase in re.findall(r"\"([^\"]{12,})\"", question):  # quoted error text: passages that hold it whole
         phrase_words = re.findall(r"[A-Za-z0-9]+", phrase)
         if len(phrase_words) < 3:
@@ -245,6 +249,8 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     best_scored = max(scored.values(), default=0.0)
     for i, share in lent.items():
         scored[i] += KNOWN * best_scored * share
+    for i in asked:  # a passage the question names outright outweighs what a card suggests
+        scored[i] += KNOWN * best_scored
     if "torch-npu" not in named_corpora:
         for i, r in rows.items():
             if r[0] == "torch-npu":
@@ -267,10 +273,12 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     unknown = [i for i, _sure in named if _made_up(db, i)]
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
     if supported and KEY_WORDS and not bonus.get(ranked[0]):
-        # the question's rarest words name what it is about: an answer that holds none of them is about something else
-        vouching = [k["card"] for k in known_cards if ranked[0] in k["cites"]]
-        supported = any(db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?", (ranked[0], _fts(w))).fetchone()
-                        or any(knowledge.holds(card, w) for card in vouching)
+        # the question's rarest words name what it is about: an answer none of whose passages (nor the cards behind
+        # them) holds one of them is about something else
+        shown = ranked[:KEY_SPAN]
+        vouching = [k["card"] for k in known_cards if set(shown) & set(k["cites"])]
+        supported = any(any(db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?", (i, _fts(w))).fetchone()
+                            for i in shown) or any(knowledge.holds(card, w) for card in vouching)
                         for w in sorted(words, key=lambda w: -idf[w])[:KEY_WORDS])
     # the cards that vouch for the first citation: their answer leads the reply
     known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in known_cards
