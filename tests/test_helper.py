@@ -91,11 +91,12 @@ def built(tmp_path_factory):
 
 
 @pytest.mark.parametrize("questions, top3, refused", [  # floors a little under what was measured
-    ("qa.yaml", 0.78, 5),  # built from the tools' ground truth; measured 0.83, 5 of 5 refused
+    ("qa.yaml", 0.8, 5),  # built from the tools' ground truth; measured 0.87, 5 of 5 refused
     ("qa_npu.yaml", 0.85, 0),  # torch_npu's registration; measured 0.92
     # written without looking at the helper or its cards: questions it was not tuned on
-    ("qa_heldout.yaml", 0.75, 4),  # measured 0.82, 4 of 5 refused
-    ("qa_heldout2.yaml", 0.78, 4),  # measured 0.84, 4 of 5 refused
+    ("qa_heldout.yaml", 0.78, 4),  # measured 0.84, 4 of 5 refused
+    ("qa_heldout2.yaml", 0.8, 4),  # measured 0.86, 4 of 5 refused
+    ("qa_heldout3.yaml", 0.78, 4),  # written after the cards and weights were settled; measured 0.84, 4 of 5
 ])
 def test_the_shipped_question_sets_are_answered_with_citations(built, questions, top3, refused):
     path, made = built
