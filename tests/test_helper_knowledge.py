@@ -3,6 +3,7 @@ torch-npu wheel, opforge), and a card is what brings a question asked in a devel
 import json
 import sqlite3
 import zipfile
+from pathlib import Path
 
 import pytest
 from registry_data import RegistryDataError, wheel
@@ -50,8 +51,8 @@ def test_every_torch_and_opforge_cite_is_a_passage_of_the_installed_sources():
 
     import opforge
 
-    roots = {"torch": knowledge.Path(torch.__file__).resolve().parents[1],
-             "opforge": knowledge.Path(opforge.__file__).resolve().parent}
+    roots = {"torch": Path(torch.__file__).resolve().parents[1],
+             "opforge": Path(opforge.__file__).resolve().parent}
     missing = []
     for card in knowledge.load():
         for c in card["cites"]:
@@ -104,7 +105,7 @@ def test_a_card_brings_a_question_in_task_words_to_the_setting_that_answers_it(t
 
     import torch
 
-    root = knowledge.Path(torch.__file__).resolve().parents[1]
+    root = Path(torch.__file__).resolve().parents[1]
     shutil.copytree(root / "torch" / "_dynamo", tmp_path / "src" / "torch" / "_dynamo",
                     ignore=shutil.ignore_patterns("__pycache__"))
     path = tmp_path / "i.sqlite"

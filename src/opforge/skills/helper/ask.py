@@ -54,8 +54,7 @@ CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 sc
 CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
-KEY_WORDS = 3  # the question's rarest words, one of which the first citations (or their cards) must hold
-KEY_SPAN = 1  # ... the first how many
+KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or a card citing it) must hold
 CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
 CITE_DECAY = 0.8  # a card's later cites are its secondary answers: each lends this much of the one before
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -224,7 +223,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         if score < CARD_NEAR * cards[0][1] or share < CARD_HELD or not cited:
             continue
         vouched |= share >= CARD_SURE
-        known_cards.append({"card": card, "cites": cited})
+        known_cards.append({"card": card, "cites": cited, "held": held})
         for n, i in enumerate(cited):
             lent[i] = lent.get(i, 0.0) + score / cards[0][1] * CITE_DECAY ** n * min(1.0, share / CARD_FULL)
         marks = ",".join("?" * len(cited))
@@ -257,29 +256,23 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
                 scored[i] *= UNASKED_BACKEND
     ranked = sorted(scored, key=lambda i: -scored[i])[:k]
 
-    def coverage(chunk_id: int) -> float:
-        if not weight:
-            return 0.0
-        held = sum(idf[w] for w in words if db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?",
-                                                        (chunk_id, _fts(w))).fetchone())
-        return held / weight
+    # the question's words the best passage holds: its coverage, and whether it holds what the question is about
+    first_holds = {w for w in words if db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?",
+                                                  (ranked[0], _fts(w))).fetchone()} if ranked else set()
 
     citations = []
     for i in ranked:
         c = _row(rows[i])
         c.score = round(scored[i], 3)
         citations.append(c)
-    best = coverage(ranked[0]) if ranked else 0.0
+    best = sum(idf[w] for w in first_holds) / weight if weight else 0.0
     unknown = [i for i, _sure in named if _made_up(db, i)]
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
     if supported and KEY_WORDS and not bonus.get(ranked[0]):
-        # the question's rarest words name what it is about: an answer none of whose passages (nor the cards behind
-        # them) holds one of them is about something else
-        shown = ranked[:KEY_SPAN]
-        vouching = [k["card"] for k in known_cards if set(shown) & set(k["cites"])]
-        supported = any(any(db.execute("SELECT 1 FROM fts WHERE rowid = ? AND fts MATCH ?", (i, _fts(w))).fetchone()
-                            for i in shown) or any(knowledge.holds(card, w) for card in vouching)
-                        for w in sorted(words, key=lambda w: -idf[w])[:KEY_WORDS])
+        # the question's rarest words name what it is about: an answer whose first passage, and every card citing
+        # it, holds none of them is about something else
+        vouched_words = first_holds.union(*(k["held"] for k in known_cards if ranked[0] in k["cites"]))
+        supported = any(w in vouched_words for w in sorted(words, key=lambda w: -idf[w])[:KEY_WORDS])
     # the cards that vouch for the first citation: their answer leads the reply
     known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in known_cards
              if supported and ranked[0] in k["cites"]]

@@ -83,22 +83,14 @@ def match(words: list[str], limit: int = 5) -> list[tuple[dict, float, set[str]]
     if not words or not cards():
         return []
     db = _card_index()
-    query = " OR ".join('"' + w.replace('"', "") + '"' for w in words)
+    term = {w: '"' + w.replace('"', "") + '"' for w in words}  # each word as one FTS5 string, stemmed as the cards
     found = []
     for rowid, score in db.execute("SELECT rowid, -bm25(cards, 3.0, 1.0) FROM cards WHERE cards MATCH ? "
-                                   "ORDER BY bm25(cards, 3.0, 1.0) LIMIT ?", (query, limit)):
+                                   "ORDER BY bm25(cards, 3.0, 1.0) LIMIT ?", (" OR ".join(term.values()), limit)):
         held = {w for w in words
-                if db.execute("SELECT 1 FROM cards WHERE rowid = ? AND cards MATCH ?",
-                              (rowid, '"' + w.replace('"', "") + '"')).fetchone()}
+                if db.execute("SELECT 1 FROM cards WHERE rowid = ? AND cards MATCH ?", (rowid, term[w])).fetchone()}
         found.append((cards()[rowid], score, held))
     return found
-
-
-def holds(card: dict, word: str) -> bool:
-    """Whether a card's asks or answer hold a word, as the card search stems it."""
-    rowid = next(n for n, c in enumerate(cards()) if c["id"] == card["id"])
-    return _card_index().execute("SELECT 1 FROM cards WHERE rowid = ? AND cards MATCH ?",
-                                 (rowid, '"' + word.replace('"', "") + '"')).fetchone() is not None
 
 
 def resolve(db: sqlite3.Connection, cite: dict) -> int | None:
