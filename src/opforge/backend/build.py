@@ -139,6 +139,9 @@ def build(root: Path = NATIVE, *, force: bool = False, progress: Progress | None
 def _compile(root: Path, directory: Path, sources: list[Path], progress: Progress | None) -> None:
     obj = directory / "obj"
     obj.mkdir(parents=True, exist_ok=True)
+    # torch's cpp_extension keeps its own baton file here and waits forever while it exists; a build killed
+    # mid-way leaves it behind. We hold the build lock, so no other build of this tree owns it.
+    (obj / "lock").unlink(missing_ok=True)
     log_path = directory / "build.log"
     cmd = [sys.executable, "-m", "opforge.backend.build", str(root), str(directory),
            *[str(s) for s in sources]]
