@@ -55,6 +55,7 @@ CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothin
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
 KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or a card citing it) must hold
+CARD_TRUSTED = 0.4  # a card citing the first passage that holds this much of it vouches for its subject too
 CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
 CITE_DECAY = 0.8  # a card's later cites are its secondary answers: each lends this much of the one before
 SURE, MENTIONED = 0.6, 0.15  # an exact name's bonus, as a share of the best BM25 score: asked about, or mentioned
@@ -223,7 +224,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         if score < CARD_NEAR * cards[0][1] or share < CARD_HELD or not cited:
             continue
         vouched |= share >= CARD_SURE
-        known_cards.append({"card": card, "cites": cited, "held": held})
+        known_cards.append({"card": card, "cites": cited, "held": held, "share": share})
         for n, i in enumerate(cited):
             lent[i] = lent.get(i, 0.0) + score / cards[0][1] * CITE_DECAY ** n * min(1.0, share / CARD_FULL)
         marks = ",".join("?" * len(cited))
@@ -268,7 +269,8 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     best = sum(idf[w] for w in first_holds) / weight if weight else 0.0
     unknown = [i for i, _sure in named if _made_up(db, i)]
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
-    if supported and KEY_WORDS and not bonus.get(ranked[0]):
+    trusted = any(k["share"] >= CARD_TRUSTED for k in known_cards if ranked and ranked[0] in k["cites"])
+    if supported and KEY_WORDS and not bonus.get(ranked[0]) and not trusted:
         # the question's rarest words name what it is about: an answer whose first passage, and every card citing
         # it, holds none of them is about something else
         vouched_words = first_holds.union(*(k["held"] for k in known_cards if ranked[0] in k["cites"]))
