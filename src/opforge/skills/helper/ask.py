@@ -31,6 +31,7 @@ from opforge.skills.helper.chunks import module_name
 from opforge.skills.helper.index import WEIGHTS
 
 SUPPORT = 0.3  # the share of the question's word weight the best passage must hold
+PLACEHOLDER = r"my\w+|\w*foo\w*"  # the user's own names: torch.mydev, TestFooCUDA
 CANDIDATES = 200  # passages BM25 hands to the reranking
 CORPUS_NAMED = {  # a question that names a corpus asks about it: torch_npu's own code over torch's, and so on
     "torch-npu": r"torch[_-]npu|\bnpu\b|ascend|hccl|torchair",
@@ -148,13 +149,14 @@ def _made_up(db: sqlite3.Connection, ident: str) -> bool:
     """An API the question names that no source defines or mentions: `torch.npu.flux_capacitor_sync`, an option
     `npu_kv_offload_policy`. Only a many-word name counts: `torch.mydev` is how users write their own device's
     module, and `my_op` their own operator."""
-    root, dot, _last = ident.partition(".")
-    name = ident.rsplit(".", 1)[-1].strip("_")
+    root, dot, _rest = ident.partition(".")
+    last = ident.rsplit(".", 1)[-1]
+    name = last.strip("_")
     if root in ("torch", "torch_npu") and dot and "_" in name:
-        return db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (name.lower(),)).fetchone() is None
+        return db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (last.lower(),)).fetchone() is None
     if "." in ident or name.count("_") < 2 or not re.fullmatch(r"[a-z0-9_]+", name):
         return False
-    return (db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (name,)).fetchone() is None
+    return (db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (last,)).fetchone() is None
             and db.execute("SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1", (_fts(name.replace("_", " ")),)).fetchone()
             is None)
 
@@ -178,10 +180,12 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     params = list(corpora or [])
     words = question_words(question)
     total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] or 1
-    idf = {}
+    idf, unheard = {}, []
     for w in words:
         df = db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_fts(w),)).fetchone()[0]
         idf[w] = math.log((total - df + 0.5) / (df + 0.5) + 1)
+        if not df and not re.fullmatch(PLACEHOLDER, w) and not knowledge.match([w], 1):
+            unheard.append(w)
 
     bm25: dict[int, float] = {}
     rows: dict[int, tuple] = {}
@@ -268,6 +272,9 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         citations.append(c)
     best = sum(idf[w] for w in first_holds) / weight if weight else 0.0
     unknown = [i for i, _sure in named if _made_up(db, i)]
+    # a card vouches for how developers ask about what the sources hold; a word no source and no card uses (nvme,
+    # kubernetes) says the question is about something else, unless the first passage holds the question by itself
+    vouched &= not unheard
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
     trusted = any(k["share"] >= CARD_TRUSTED for k in known_cards if ranked and ranked[0] in k["cites"])
     if supported and KEY_WORDS and not bonus.get(ranked[0]) and not trusted:
@@ -279,7 +286,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in known_cards
              if supported and ranked[0] in k["cites"]]
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
-            "unknown": unknown, "knowledge": known,
+            "unknown": unknown, "unheard": unheard, "knowledge": known,
             "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],
             "unsupported_candidates": [] if supported else [asdict(c) for c in citations[:3]]}
 
@@ -294,6 +301,10 @@ def answer_text(found: dict) -> str:
     if found.get("unknown"):
         lines.append(_("No indexed source defines {names}: nothing supports an answer to this question.").format(
             names=", ".join(f"`{u}`" for u in found["unknown"])))
+        return "\n".join(lines)
+    if not found["supported"] and found.get("unheard"):
+        lines.append(_("No indexed source mentions {words}: nothing supports an answer to this question.").format(
+            words=", ".join(f"“{w}”" for w in found["unheard"])))
         return "\n".join(lines)
     if not found["supported"]:
         lines.append(_("Nothing in the indexed sources supports an answer to this question (the best passage holds "

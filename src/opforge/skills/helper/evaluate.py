@@ -1,8 +1,9 @@
 """`opforge helper eval QA.yaml`: how often the helper cites what a question's ground truth names.
 
 A question lists the passages that answer it (`expect`: corpus, path, and optionally symbol); a citation matches
-one when its path is the same and it names the same symbol (or the expectation names none). A question with
-`expect: []` has no support in the corpora: it is answered right when the helper says so.
+one when its path is the same and it names the same symbol (or the expectation names none), the class whose method
+is expected, or a method of the expected class. A question with `expect: []` has no support in the corpora: it is
+answered right when the helper says so.
 
   top-1, top-3   questions with support whose first / first three citations hold a match
   answer         every question: its answer's first citation matches, or, for one without support, the helper
@@ -41,7 +42,13 @@ def matches(citation: dict, expect: dict) -> bool:
         return False
     if "corpus" in expect and expect["corpus"] not in (citation["corpus"], None):
         return False
-    return "symbol" not in expect or citation["symbol"] == expect["symbol"]
+    if "symbol" not in expect or citation["symbol"] == expect["symbol"]:
+        return True
+    # a class and its own methods point at the same lines: citing `Config` for `Config.__init__`, or the reverse,
+    # sends the reader to the right place
+    cited, expected = citation["symbol"], expect["symbol"]
+    return (citation.get("kind") == "class" and expected.rpartition(".")[0] == cited
+            or citation.get("kind") == "function" and cited.rpartition(".")[0] == expected)
 
 
 def evaluate(db: sqlite3.Connection, items: list[dict], k: int = 3, progress=None) -> dict:
