@@ -55,6 +55,7 @@ CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 sc
 CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
+KEY_BELOW = 0.35  # a first passage holding this much of the question is not asked to hold its rarest words too
 KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or a card citing it) must hold
 CARD_TRUSTED = 0.4  # a card citing the first passage that holds this much of it vouches for its subject too
 CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
@@ -277,11 +278,12 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     vouched &= not unheard
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
     trusted = any(k["share"] >= CARD_TRUSTED for k in known_cards if ranked and ranked[0] in k["cites"])
-    if supported and KEY_WORDS and not bonus.get(ranked[0]) and not trusted:
+    if supported and KEY_WORDS and not bonus.get(ranked[0]) and not trusted and best < KEY_BELOW:
         # the question's rarest words name what it is about: an answer whose first passage, and every card citing
         # it, holds none of them is about something else
         vouched_words = first_holds.union(*(k["held"] for k in known_cards if ranked[0] in k["cites"]))
-        supported = any(w in vouched_words for w in sorted(words, key=lambda w: -idf[w])[:KEY_WORDS])
+        rarest = sorted((w for w in words if not re.fullmatch(PLACEHOLDER, w)), key=lambda w: -idf[w])
+        supported = any(w in vouched_words for w in rarest[:KEY_WORDS])
     # the cards that vouch for the first citation: their answer leads the reply
     known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in known_cards
              if supported and ranked[0] in k["cites"]]
