@@ -51,7 +51,9 @@ UNASKED = 0.6
 UNDOCUMENTED = 0.6  # a passage with no docstring or comment of its own is rarely the API asked about
 NATIVE = " AND c.path LIKE '%native_functions.yaml'"
 KNOWN = 1.0  # the best matching card's bonus to the passages it cites, as a share of the best passage's score
-CARDS = 5  # cards weighed per question; each lends in proportion to its BM25 score against the best card's
+CARD_POOL = 20  # cards BM25 finds for a question, reranked by the share of its word weight they hold ...
+CARD_SHARE = 0.5  # ... raised to this power
+CARDS = 5  # cards weighed per question; each lends in proportion to its reranked score against the best card's
 CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothing
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
@@ -221,9 +223,13 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
             bonus[r[8]] = bonus.get(r[8], 0.0) + SURE * top
     known_cards, vouched, lent = [], False, {}
     weight = sum(idf.values())
-    cards = knowledge.match(words, CARDS)
-    for card, score, held in cards:
-        share = sum(idf[w] for w in held) / weight if weight else 0.0
+    # BM25 over the cards weighs a word by how rare it is among cards ("own" is), the share of the question's word
+    # weight a card holds by how rare it is in the sources: a card must do well on both
+    held_share = [(card, score, held, sum(idf[w] for w in held) / weight if weight else 0.0)
+                  for card, score, held in knowledge.match(words, CARD_POOL)]
+    cards = sorted(((c, score * share ** CARD_SHARE, held, share) for c, score, held, share in held_share),
+                   key=lambda x: -x[1])[:CARDS]
+    for card, score, held, share in cards:
         cited = [i for i in (knowledge.resolve(db, c) for c in card["cites"] if not corpora or c["corpus"] in corpora)
                  if i is not None]
         if score < CARD_NEAR * cards[0][1] or share < CARD_HELD or not cited:
