@@ -99,6 +99,7 @@ def built(tmp_path_factory):
     ("qa_heldout3.yaml", 0.84, 5),  # 0.84; 0.88, 5 of 5
     ("qa_heldout4.yaml", 0.86, 4),  # 0.80, 2 of 5; 0.90, 4 of 5
     ("qa_heldout5.yaml", 0.78, 3),  # 0.78, 3 of 5; 0.82, 3 of 5
+    ("qa_heldout6.yaml", 0.8, 3),  # written after every change above: 0.84, 3 of 5
 ])
 def test_the_shipped_question_sets_are_answered_with_citations(built, questions, top3, refused):
     path, made = built

@@ -279,8 +279,9 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         citations.append(c)
     best = sum(idf[w] for w in first_holds) / weight if weight else 0.0
     unknown = [i for i, _sure in named if _made_up(db, i)]
-    # a card vouches for how developers ask about what the sources hold; a word no source and no card uses (nvme,
-    # kubernetes) says the question is about something else, unless the first passage holds the question by itself
+    # a card vouches for how developers ask about what the sources hold; a word no source and no card uses says the
+    # question is about something else, unless the first passage holds the question by itself (the sources include
+    # this file: an example of such a word written here would be heard)
     vouched &= not unheard
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
     trusted = any(k["share"] >= CARD_TRUSTED for k in known_cards if ranked and ranked[0] in k["cites"])
