@@ -182,12 +182,13 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     where = f" AND c.corpus IN ({','.join('?' * len(corpora))})" if corpora else ""
     params = list(corpora or [])
     words = question_words(question)
+    own_names = {w for w in words if re.fullmatch(PLACEHOLDER, w)}
     total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] or 1
     idf, unheard = {}, []
     for w in words:
         df = db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_fts(w),)).fetchone()[0]
         idf[w] = math.log((total - df + 0.5) / (df + 0.5) + 1)
-        if not df and not re.fullmatch(PLACEHOLDER, w) and not knowledge.match([w], 1):
+        if not df and w not in own_names and not knowledge.match([w], 1):
             unheard.append(w)
 
     bm25: dict[int, float] = {}
@@ -284,16 +285,16 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     # this file: an example of such a word written here would be heard)
     vouched &= not unheard
     supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
-    trusted = any(k["share"] >= CARD_TRUSTED for k in known_cards if ranked and ranked[0] in k["cites"])
+    backing = [k for k in known_cards if ranked and ranked[0] in k["cites"]]  # the cards citing the first passage
+    trusted = any(k["share"] >= CARD_TRUSTED for k in backing)
     if supported and KEY_WORDS and not bonus.get(ranked[0]) and not trusted and best < KEY_BELOW:
         # the question's rarest words name what it is about: an answer whose first passage, and every card citing
         # it, holds none of them is about something else
-        vouched_words = first_holds.union(*(k["held"] for k in known_cards if ranked[0] in k["cites"]))
-        rarest = sorted((w for w in words if not re.fullmatch(PLACEHOLDER, w)), key=lambda w: -idf[w])
+        vouched_words = first_holds.union(*(k["held"] for k in backing))
+        rarest = sorted((w for w in words if w not in own_names), key=lambda w: -idf[w])
         supported = any(w in vouched_words for w in rarest[:KEY_WORDS])
     # the cards that vouch for the first citation: their answer leads the reply
-    known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in known_cards
-             if supported and ranked[0] in k["cites"]]
+    known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in backing] if supported else []
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
             "unknown": unknown, "unheard": unheard, "knowledge": known,
             "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],
