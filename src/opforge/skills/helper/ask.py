@@ -105,7 +105,7 @@ def route(question: str) -> dict | None:
 def identifiers(question: str) -> list[tuple[str, float]]:
     """What the question names, with how surely it asks about it: backticked text and `aten::op` surely, dotted,
     snake_case and CamelCase names and GB ids less (a question mentions `torch.compile` in passing)."""
-    found = [(t.strip().strip("()"), SURE) for t in re.findall(r"`([^`]+)`", question)]
+    found = [(t.split("(")[0].strip(), SURE) for t in re.findall(r"`([^`]+)`", question)]  # a call: its name
     said = re.search(r"\b(\w+) overload\b", question)  # "(dim_IntList overload)", "in its self overload"
     for m in re.finditer(r"aten::(\w+)(\.\w+)?", question):
         overload = m.group(2) or (f".{said.group(1)}" if said and said.group(1) not in ("default", "its", "the")
@@ -148,20 +148,35 @@ def _row(r) -> Citation:
 _COLUMNS = "c.corpus, c.path, c.line, c.end_line, c.symbol, c.kind, c.text, c.summary, c.id"
 
 
-def _made_up(db: sqlite3.Connection, ident: str) -> bool:
+def _spelled(db: sqlite3.Connection, name: str, outside: str = "") -> bool:
+    """Whether a source (but not corpus `outside`) defines `name` or spells it out, in code, a comment or a
+    docstring."""
+    return (db.execute("SELECT 1 FROM symbols s JOIN chunks c ON c.id = s.chunk WHERE s.name = ? AND c.corpus != ? "
+                       "LIMIT 1", (name.lower(), outside)).fetchone() is not None
+            or db.execute("SELECT 1 FROM fts JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ? AND c.corpus != ? "
+                          "LIMIT 1", (_fts(name.strip("_").replace("_", " ")), outside)).fetchone() is not None)
+
+
+def _made_up(db: sqlite3.Connection, ident: str, quoted: bool = False) -> bool:
     """An API the question names that no source defines or mentions: `torch.npu.flux_capacitor_sync`, an option
-    `npu_kv_offload_policy`. Only a many-word name counts: `torch.mydev` is how users write their own device's
-    module, and `my_op` their own operator."""
+    `npu_kv_offload_policy`, an environment variable. Only a many-word name counts: `torch.mydev` is how users write
+    their own device's module, and `my_op` their own operator; a two-word name counts when the question quotes it."""
     root, dot, _rest = ident.partition(".")
     last = ident.rsplit(".", 1)[-1]
     name = last.strip("_")
-    if root in ("torch", "torch_npu") and dot and "_" in name:
-        return db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (last.lower(),)).fetchone() is None
-    if "." in ident or name.count("_") < 2 or not re.fullmatch(r"[a-z0-9_]+", name):
+    if re.search(PLACEHOLDER, name.lower()):
         return False
-    return (db.execute("SELECT 1 FROM symbols WHERE name = ? LIMIT 1", (last,)).fetchone() is None
-            and db.execute("SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1", (_fts(name.replace("_", " ")),)).fetchone()
-            is None)
+    if ident.startswith("torch.npu."):
+        # torch.npu is torch_npu's device module: what it offers, torch_npu defines (torch.cuda's names do not count)
+        return db.execute("SELECT 1 FROM symbols s JOIN chunks c ON c.id = s.chunk WHERE s.name = ? "
+                          "AND c.corpus = 'torch-npu' LIMIT 1", (last.lower(),)).fetchone() is None
+    if re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+", ident):  # an environment variable or a macro
+        return not _spelled(db, ident)
+    if root in ("torch", "torch_npu") and dot and "_" in name:  # opforge's docs name made-up APIs as examples
+        return not _spelled(db, last, outside="opforge")
+    if "." in ident or name.count("_") < (1 if quoted else 2) or not re.fullmatch(r"[a-z0-9_]+", name):
+        return False
+    return not _spelled(db, last)
 
 
 def _prior(symbol: str, path: str, kind: str, summary: str) -> float:
@@ -279,7 +294,8 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
         c.score = round(scored[i], 3)
         citations.append(c)
     best = sum(idf[w] for w in first_holds) / weight if weight else 0.0
-    unknown = [i for i, _sure in named if _made_up(db, i)]
+    quoted = set(re.findall(r"""['"`](\w+)['"`]""", question))
+    unknown = [i for i, _sure in named if _made_up(db, i, quoted=i in quoted)]
     # a card vouches for how developers ask about what the sources hold; a word no source and no card uses says the
     # question is about something else, unless the first passage holds the question by itself (the sources include
     # this file: an example of such a word written here would be heard)

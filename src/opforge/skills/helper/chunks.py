@@ -3,7 +3,8 @@
   Python    one passage per class, function and method (the `ast` module: qualified name, line span), one per
             module-level setting (a config module's assignment with the comment above it), one for the module's
             docstring
-  headers   one per top-level declaration: a class, struct, enum, or function, with its namespace-free name
+  headers   one per top-level declaration: a class, struct, enum, function, or function-like macro (the
+            registration macros: `TORCH_LIBRARY_IMPL`), with its namespace-free name
   yaml      one per entry of a list (native_functions.yaml's `- func:`), named by its first key's value
   json      the graph-break registry: one per GB id with its type, explanation and hints
   markdown  one per section, named by its heading
@@ -54,16 +55,16 @@ def _lines(lines: list[str], start: int, end: int) -> str:
     return "\n".join(lines[start - 1:min(end, start - 1 + MAX_LINES)])
 
 
-def _comment_above(lines: list[str], line: int, gap: int = 0) -> int:
+def _comment_above(lines: list[str], line: int, gap: int = 0, marks: tuple[str, ...] = ("#",)) -> int:
     """The first line of the comment block right above `line` (1-based; up to `gap` blank lines between), or
-    `line` if there is none."""
+    `line` if there is none. A comment line starts with one of `marks`."""
     above = line
     while above > 1 and line - above - 1 < gap and not lines[above - 2].strip():
         above -= 1
-    if above == 1 or not lines[above - 2].lstrip().startswith("#"):
+    if above == 1 or not lines[above - 2].lstrip().startswith(marks):
         return line
     start = above
-    while start > 1 and lines[start - 2].lstrip().startswith("#"):
+    while start > 1 and lines[start - 2].lstrip().startswith(marks):
         start -= 1
     return start
 
@@ -112,32 +113,55 @@ def python(path: str, source: str) -> list[Chunk]:
 
 _DECL = re.compile(r"^(?:template\s*<[^;{]*>\s*)?(?:class|struct|enum(?:\s+class)?|union)\s+(?:\w+\s+)*?"
                    r"(?:C10_API\s+|TORCH_API\s+|\w+_API\s+)?(?P<name>[A-Za-z_]\w*)\s*(?:final\s*)?[:{]", re.M)
-_FUNC = re.compile(r"^(?:[\w:<>,*&\s]+?)\s+[*&]*(?P<name>[A-Za-z_]\w*)\s*\([^;{}]*\)\s*(?:const\s*)?"
+_FUNC = re.compile(r"^[ \t]*(?:[\w:<>,*&\[\]]+\s+)+?[*&]*(?P<name>[A-Za-z_]\w*)\s*\([^;{}]*\)\s*(?:const\s*)?"
                    r"(?:noexcept\s*)?(?:override\s*)?[;{]", re.M)
+
+CPP_COMMENT = ("//", "/*", "*")  # a line of a `//` comment or of a `/* ... */` block
+_MACRO = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(?P<name>[A-Za-z]\w*)\(", re.M)  # registration macros take arguments
+
+
+_CPP_TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+
+
+def _uncommented(source: str) -> str:
+    """The source with its comments blanked (newlines kept, so offsets and lines stay): prose in a comment that
+    reads like a declaration ("This function `f` (the ...) is;") is not one."""
+    return _CPP_TOKEN.sub(lambda m: m.group() if m.group().startswith('"') else re.sub(r"[^\n]", " ", m.group()),
+                          source)
 
 
 def header(path: str, source: str) -> list[Chunk]:
-    """Declarations at any depth of namespaces but not inside a class body (its members stay in its passage)."""
+    """Declarations at any depth of namespaces but not inside another's body (a class's members stay in its
+    passage)."""
     lines = source.splitlines()
     newlines = [m.start() for m in re.finditer("\n", source)]  # a match's line: how many newlines precede it
-    out, class_end = [], 0
-    spans = []  # (line, name, kind)
-    for m in _DECL.finditer(source):
-        spans.append((bisect.bisect_left(newlines, m.start()) + 1, m.group("name"), "class"))
-    for m in _FUNC.finditer(source):
-        name = m.group("name")
-        if name not in ("if", "for", "while", "switch", "return", "sizeof", "defined"):
-            spans.append((bisect.bisect_left(newlines, m.start()) + 1, name, "function"))
+    source = _uncommented(source)
+    out, body_end = [], 0
+
+    def line_of(m: re.Match) -> int:  # where the declaration's first word is: a match may begin on blank lines
+        return bisect.bisect_left(newlines, m.start() + len(m.group()) - len(m.group().lstrip())) + 1
+
+    spans = [(line_of(m), m.group("name"), "class") for m in _DECL.finditer(source)]
+    spans += [(line_of(m), m.group("name"), "function") for m in _FUNC.finditer(source)
+              if m.group("name") not in ("if", "for", "while", "switch", "return", "sizeof", "defined")]
+    spans += [(line_of(m), m.group("name"), "macro") for m in _MACRO.finditer(source)]
     spans.sort()
     for start, name, kind in spans:
-        if start <= class_end:
+        if start <= body_end:
             continue
-        end = _block_end(lines, start)
-        if kind == "class":
-            class_end = end
-        begin = _comment_above(lines, start)
+        end = _macro_end(lines, start) if kind == "macro" else _block_end(lines, start)
+        body_end = end  # a class's members, a function's statements and a macro's body are not declarations
+        begin = _comment_above(lines, start, marks=CPP_COMMENT)
         out.append(Chunk(name, kind, begin, end, _lines(lines, begin, end), _comment(lines, begin, start)))
     return out
+
+
+def _macro_end(lines: list[str], start: int) -> int:
+    """The last line of a macro: its definition goes on while a line ends in a backslash."""
+    end = start
+    while end < len(lines) and lines[end - 1].rstrip().endswith("\\"):
+        end += 1
+    return end
 
 
 def _block_end(lines: list[str], start: int) -> int:
