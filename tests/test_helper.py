@@ -149,8 +149,12 @@ def test_an_answer_cites_and_runs_and_a_question_without_support_is_refused(buil
     assert "No indexed source mentions “sourdough”" in none["answer"]
     unrelated = json.loads(runner.invoke(app, ["helper", "ask", "How do I change the fan curve of an Ascend server "
                                                                 "from Python?", "--index", str(path),
-                                               "--json"]).output)  # every word is somewhere, in other senses
-    assert not unrelated["supported"] and "Nothing in the indexed sources" in unrelated["answer"]
+                                               "--json"]).output)
+    unsure = json.loads(runner.invoke(app, ["helper", "ask", "Which fan speed keeps the server room cool?", "--index",
+                                            str(path), "--json"]).output)  # every word is somewhere, in other senses
+    assert not unsure["supported"] and "Nothing in the indexed sources" in unsure["answer"]
+    assert not unrelated["supported"] and unrelated["backend_lacks"] == ["curve", "fan"]  # torch_npu's never say them
+    assert "No torch_npu source mentions “curve”, “fan”" in unrelated["answer"]
     made_up = json.loads(runner.invoke(app, ["helper", "ask", "How do I call torch.library.register_quantum_kernel "
                                                               "for my device?", "--index", str(path), "--json"]).output)
     assert not made_up["supported"] and made_up["unknown"] == ["torch.library.register_quantum_kernel"]
@@ -160,6 +164,11 @@ def test_an_answer_cites_and_runs_and_a_question_without_support_is_refused(buil
                             "torch.npu.temperature")]:  # torch.cuda has one, torch_npu does not
         found = json.loads(runner.invoke(app, ["helper", "ask", question, "--index", str(path), "--json"]).output)
         assert not found["supported"] and found["unknown"] == [name], found
+    lacks = json.loads(runner.invoke(app, ["helper", "ask", "Does torch_npu have a GdsFile class like torch.cuda.gds "
+                                                            "for GPUDirect storage reads?", "--index", str(path),
+                                           "--json"]).output)  # torch has it; torch_npu's sources never say so
+    assert not lacks["supported"] and lacks["backend_lacks"] == ["gpudirect", "gdsfile"]
+    assert "No torch_npu source mentions “gpudirect”, “gdsfile”" in lacks["answer"]
     private = json.loads(runner.invoke(app, ["helper", "ask", "Tests fail with 'you should register a module by "
                                                               "torch._register_device_module'. Where is that defined?",
                                              "--index", str(path), "--json"]).output)

@@ -31,6 +31,7 @@ from opforge.skills.helper.chunks import module_name
 from opforge.skills.helper.index import WEIGHTS
 
 SUPPORT = 0.3  # the share of the question's word weight the best passage must hold
+UNHEARD_SUPPORT = 0.4  # ... when a question word is one no source and no card uses: the passage alone vouches
 PLACEHOLDER = r"my\w+|\w*foo\w*"  # the user's own names: torch.mydev, TestFooCUDA
 CANDIDATES = 200  # passages BM25 hands to the reranking
 CORPUS_NAMED = {  # a question that names a corpus asks about it: torch_npu's own code over torch's, and so on
@@ -58,6 +59,7 @@ CARD_NEAR = 0.6  # cards scoring below this share of the best card's lend nothin
 CARD_HELD = 0.2  # the share of the question's word weight a card must hold to lend anything
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
 KEY_BELOW = 0.35  # a first passage holding this much of the question is not asked to hold its rarest words too
+BACKEND_RARE = 2  # a question naming torch_npu whose this many rarest words no torch_npu source holds is refused
 KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or a card citing it) must hold
 CARD_TRUSTED = 0.4  # a card citing the first passage that holds this much of it vouches for its subject too
 CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
@@ -179,6 +181,15 @@ def _made_up(db: sqlite3.Connection, ident: str, quoted: bool = False) -> bool:
     return not _spelled(db, last)
 
 
+def _lacking(db: sqlite3.Connection, idf: dict[str, float], heard: set[str], own_names: set[str]) -> list[str]:
+    """The rarest words of a question about torch_npu, when no torch_npu source holds any of them: it asks for
+    something torch_npu lacks (another device's feature, hardware the code never touches). Numbers say little."""
+    rarest = sorted((w for w in heard if w not in own_names and not w.isdigit()), key=lambda w: -idf[w])[:BACKEND_RARE]
+    held = [w for w in rarest if db.execute("SELECT 1 FROM fts JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ? "
+                                          "AND c.corpus = 'torch-npu' LIMIT 1", (_fts(w),)).fetchone()]
+    return rarest if len(rarest) == BACKEND_RARE and not held else []
+
+
 def _prior(symbol: str, path: str, kind: str, summary: str) -> float:
     """How likely a passage is what a developer asks for, before reading it: public API over private helpers,
     documented code over undocumented, code over tests."""
@@ -199,10 +210,12 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     words = question_words(question)
     own_names = {w for w in words if re.fullmatch(PLACEHOLDER, w)}
     total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] or 1
-    idf, unheard = {}, []
+    idf, unheard, heard = {}, [], set()
     for w in words:
         df = db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_fts(w),)).fetchone()[0]
         idf[w] = math.log((total - df + 0.5) / (df + 0.5) + 1)
+        if df:
+            heard.add(w)
         if not df and w not in own_names and not knowledge.match([w], 1):
             unheard.append(w)
 
@@ -297,10 +310,13 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     quoted = set(re.findall(r"""['"`](\w+)['"`]""", question))
     unknown = [i for i, _sure in named if _made_up(db, i, quoted=i in quoted)]
     # a card vouches for how developers ask about what the sources hold; a word no source and no card uses says the
-    # question is about something else, unless the first passage holds the question by itself (the sources include
-    # this file: an example of such a word written here would be heard)
+    # question is about something else, unless the first passage holds more of the question by itself (the sources
+    # include this file: an example of such a word written here would be heard)
     vouched &= not unheard
-    supported = bool(ranked) and not unknown and (vouched or best >= SUPPORT or bonus.get(ranked[0], 0.0) >= SURE * top)
+    lacking = _lacking(db, idf, heard, own_names) if "torch-npu" in named_corpora else []
+    supported = (bool(ranked) and not unknown and not lacking
+                 and (vouched or best >= (UNHEARD_SUPPORT if unheard else SUPPORT)
+                      or bonus.get(ranked[0], 0.0) >= SURE * top))
     backing = [k for k in known_cards if ranked and ranked[0] in k["cites"]]  # the cards citing the first passage
     trusted = any(k["share"] >= CARD_TRUSTED for k in backing)
     if supported and KEY_WORDS and not bonus.get(ranked[0]) and not trusted and best < KEY_BELOW:
@@ -312,7 +328,7 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     # the cards that vouch for the first citation: their answer leads the reply
     known = [{"id": k["card"]["id"], "answer": k["card"]["answer"]} for k in backing] if supported else []
     return {"question": question, "supported": supported, "coverage": round(best, 3), "words": words,
-            "unknown": unknown, "unheard": unheard, "knowledge": known,
+            "unknown": unknown, "unheard": unheard, "backend_lacks": lacking, "knowledge": known,
             "route": route(question), "citations": [asdict(c) for c in citations] if supported else [],
             "unsupported_candidates": [] if supported else [asdict(c) for c in citations[:3]]}
 
@@ -327,6 +343,10 @@ def answer_text(found: dict) -> str:
     if found.get("unknown"):
         lines.append(_("No indexed source defines {names}: nothing supports an answer to this question.").format(
             names=", ".join(f"`{u}`" for u in found["unknown"])))
+        return "\n".join(lines)
+    if not found["supported"] and found.get("backend_lacks"):
+        lines.append(_("No torch_npu source mentions {words}: nothing supports an answer to this question.").format(
+            words=", ".join(f"“{w}”" for w in found["backend_lacks"])))
         return "\n".join(lines)
     if not found["supported"] and found.get("unheard"):
         lines.append(_("No indexed source mentions {words}: nothing supports an answer to this question.").format(
