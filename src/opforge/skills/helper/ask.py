@@ -60,6 +60,7 @@ CARD_HELD = 0.2  # the share of the question's word weight a card must hold to l
 CARD_SURE = 0.3  # ... and to vouch that the question is supported
 KEY_BELOW = 0.35  # a first passage holding this much of the question is not asked to hold its rarest words too
 BACKEND_RARE = 2  # a question naming torch_npu whose this many rarest words no torch_npu source holds is refused
+QUOTE_RUN = 3  # the fewest words of quoted error text that are looked up as a phrase
 KEY_WORDS = 3  # the question's rarest words, one of which the first citation (or a card citing it) must hold
 CARD_TRUSTED = 0.4  # a card citing the first passage that holds this much of it vouches for its subject too
 CARD_FULL = 0.7  # a card holding less of the question's word weight than this lends in proportion
@@ -130,6 +131,22 @@ def question_words(question: str) -> list[str]:
     return out
 
 
+def _quoted(question: str) -> list[list[str]]:
+    """The runs of words of the error text a question quotes (in single or double quotes), split where the user's
+    own names stand, since the source printed a placeholder there: "Invalid device, must be foo device" ->
+    [Invalid, device, must, be]."""
+    runs = []
+    for m in re.finditer(r"\"([^\"]{12,})\"|(?<!\w)'([^']{12,})'(?!\w)", question):
+        run: list[str] = []
+        for w in re.findall(r"[A-Za-z0-9]+", m.group(1) or m.group(2)) + ["foo"]:  # a last name ends the last run
+            if re.fullmatch(PLACEHOLDER, w.lower()):
+                runs += [run] if len(run) >= QUOTE_RUN else []
+                run = []
+            else:
+                run.append(w)
+    return runs
+
+
 def _private(symbol: str, path: str) -> bool:
     """A Python symbol whose own name, or its class's, starts with `_` (dunder methods are public)."""
     if not path.endswith(".py"):
@@ -155,8 +172,9 @@ def _spelled(db: sqlite3.Connection, name: str, outside: str = "") -> bool:
     docstring."""
     return (db.execute("SELECT 1 FROM symbols s JOIN chunks c ON c.id = s.chunk WHERE s.name = ? AND c.corpus != ? "
                        "LIMIT 1", (name.lower(), outside)).fetchone() is not None
-            or db.execute("SELECT 1 FROM fts JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ? AND c.corpus != ? "
-                          "LIMIT 1", (_fts(name.strip("_").replace("_", " ")), outside)).fetchone() is not None)
+            or db.execute("SELECT 1 FROM fts CROSS JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ? "
+                          "AND c.corpus != ? LIMIT 1",
+                          (_fts(name.strip("_").replace("_", " ")), outside)).fetchone() is not None)
 
 
 def _made_up(db: sqlite3.Connection, ident: str, quoted: bool = False) -> bool:
@@ -185,8 +203,9 @@ def _lacking(db: sqlite3.Connection, idf: dict[str, float], heard: set[str], own
     """The rarest words of a question about torch_npu, when no torch_npu source holds any of them: it asks for
     something torch_npu lacks (another device's feature, hardware the code never touches). Numbers say little."""
     rarest = sorted((w for w in heard if w not in own_names and not w.isdigit()), key=lambda w: -idf[w])[:BACKEND_RARE]
-    held = [w for w in rarest if db.execute("SELECT 1 FROM fts JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ? "
-                                          "AND c.corpus = 'torch-npu' LIMIT 1", (_fts(w),)).fetchone()]
+    # CROSS JOIN keeps SQLite from walking every torch_npu passage to test it against the word
+    held = [w for w in rarest if db.execute("SELECT 1 FROM fts CROSS JOIN chunks c ON c.id = fts.rowid WHERE "
+                                          "fts MATCH ? AND c.corpus = 'torch-npu' LIMIT 1", (_fts(w),)).fetchone()]
     return rarest if len(rarest) == BACKEND_RARE and not held else []
 
 
@@ -241,11 +260,8 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
             bonus[r[8]] = max(bonus.get(r[8], 0.0), sure * top)
             if sure == SURE and re.fullmatch(r"[\w.:]+", ident) and re.search(r"[_.:]|[a-z][A-Z]", ident):
                 asked.add(r[8])
-    for phrase in re.findall(r"\"([^\"]{12,})\"", question):  # quoted error text: passages that hold it whole
-        phrase_words = re.findall(r"[A-Za-z0-9]+", phrase)
-        if len(phrase_words) < 3:
-            continue
-        query = '"' + " ".join(phrase_words) + '"'
+    for phrase in _quoted(question):  # quoted error text: passages that hold it whole
+        query = '"' + " ".join(phrase) + '"'
         for r in db.execute(f"SELECT {_COLUMNS} FROM fts JOIN chunks c ON c.id = fts.rowid WHERE fts MATCH ?{where} "
                             "LIMIT 20", [query, *params]):
             rows.setdefault(r[8], r)
