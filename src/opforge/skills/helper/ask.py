@@ -199,9 +199,10 @@ def _made_up(db: sqlite3.Connection, ident: str, quoted: bool = False) -> bool:
     return not _spelled(db, last)
 
 
-def _lacking(db: sqlite3.Connection, idf: dict[str, float], heard: set[str], own_names: set[str]) -> list[str]:
+def _lacking(db: sqlite3.Connection, idf: dict[str, float], heard: list[str], own_names: set[str]) -> list[str]:
     """The rarest words of a question about torch_npu, when no torch_npu source holds any of them: it asks for
-    something torch_npu lacks (another device's feature, hardware the code never touches). Numbers say little."""
+    something torch_npu lacks (another device's feature, hardware the code never touches). Numbers say little.
+    `heard` keeps the question's order, so words as rare as each other are taken the same way every run."""
     rarest = sorted((w for w in heard if w not in own_names and not w.isdigit()), key=lambda w: -idf[w])[:BACKEND_RARE]
     # CROSS JOIN keeps SQLite from walking every torch_npu passage to test it against the word
     held = [w for w in rarest if db.execute("SELECT 1 FROM fts CROSS JOIN chunks c ON c.id = fts.rowid WHERE "
@@ -229,12 +230,12 @@ def search(db: sqlite3.Connection, question: str, k: int = 5, corpora: list[str]
     words = question_words(question)
     own_names = {w for w in words if re.fullmatch(PLACEHOLDER, w)}
     total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] or 1
-    idf, unheard, heard = {}, [], set()
+    idf, unheard, heard = {}, [], []
     for w in words:
         df = db.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (_fts(w),)).fetchone()[0]
         idf[w] = math.log((total - df + 0.5) / (df + 0.5) + 1)
         if df:
-            heard.add(w)
+            heard.append(w)
         if not df and w not in own_names and not knowledge.match([w], 1):
             unheard.append(w)
 
